@@ -1,0 +1,120 @@
+"""Config checks that change when, and only when, the plugin worker is selected.
+
+Installed by :func:`vllm_ppspec.plugin.register` in every vLLM process. Each
+patch wraps one vLLM function and calls it unchanged unless
+``parallel_config.worker_cls`` names a vllm-ppspec worker:
+
+* ``VllmConfig._get_v1_model_runner_unsupported_features``: drops
+  "pipeline parallelism with async scheduling" (the plugin implements it) and
+  adds the PP + speculative combinations the plugin does not support, so vLLM
+  raises its usual ``ValueError`` naming them.
+* ``VllmConfig.use_v2_model_runner``: False (the plugin extends the V1 runner);
+  an explicit ``VLLM_USE_V2_MODEL_RUNNER=1`` is refused with a ValueError.
+* ``CpuPlatform.check_and_update_config``: keeps an explicit
+  ``--async-scheduling`` (the CPU platform turns it off unconditionally).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from vllm_ppspec import WORKER_QUALNAME
+
+# Methods the plugin runs under PP, with the scheduling modes vLLM allows them.
+SUPPORTED_PP_METHODS = ("ngram", "draft_model", "eagle", "eagle3", "mtp")
+
+PP_ASYNC_REFUSAL = "pipeline parallelism with async scheduling"
+
+_PATCHED_FLAG = "_vllm_ppspec_patched"
+
+
+def plugin_worker_selected(vllm_config: Any) -> bool:
+    worker_cls = getattr(vllm_config.parallel_config, "worker_cls", None)
+    return isinstance(worker_cls, str) and worker_cls.startswith("vllm_ppspec.")
+
+
+def pp_spec_unsupported(vllm_config: Any) -> list[str]:
+    """Reasons this PP + speculative config cannot run with the plugin worker."""
+    spec = vllm_config.speculative_config
+    pp = vllm_config.parallel_config.pipeline_parallel_size
+    if spec is None or pp <= 1:
+        return []
+    reasons = []
+    if spec.method not in SUPPORTED_PP_METHODS:
+        reasons.append(
+            f"speculative method {spec.method!r} with pipeline parallelism under "
+            f"vllm-ppspec (supported: {', '.join(SUPPORTED_PP_METHODS)})"
+        )
+    if vllm_config.parallel_config.distributed_executor_backend == "external_launcher":
+        reasons.append(
+            "speculative decoding with the external_launcher PP mode under vllm-ppspec "
+            "(use --distributed-executor-backend mp)"
+        )
+    return reasons
+
+
+def _wrap_unsupported_features(original: Any) -> Any:
+    @functools.wraps(original)
+    def wrapper(self: Any) -> list[str]:
+        unsupported = list(original(self))
+        if not plugin_worker_selected(self):
+            return unsupported
+        if self.speculative_config is not None or self.parallel_config.pipeline_parallel_size > 1:
+            unsupported = [u for u in unsupported if u != PP_ASYNC_REFUSAL]
+        return unsupported + pp_spec_unsupported(self)
+
+    return wrapper
+
+
+def _wrap_use_v2(original_prop: property) -> property:
+    getter = original_prop.fget
+    assert getter is not None
+
+    @functools.wraps(getter)
+    def wrapper(self: Any) -> bool:
+        if not plugin_worker_selected(self):
+            return bool(getter(self))
+        import vllm.envs as envs
+
+        if envs.VLLM_USE_V2_MODEL_RUNNER:
+            raise ValueError(
+                f"--worker-cls {WORKER_QUALNAME} extends vLLM's V1 model runner; "
+                "unset VLLM_USE_V2_MODEL_RUNNER or set it to 0."
+            )
+        return False
+
+    return property(wrapper)
+
+
+def _wrap_cpu_check(original: Any) -> Any:
+    func = original.__func__
+
+    @functools.wraps(func)
+    def wrapper(cls: Any, vllm_config: Any) -> None:
+        requested = vllm_config.scheduler_config.async_scheduling
+        func(cls, vllm_config)
+        if requested is True and plugin_worker_selected(vllm_config):
+            vllm_config.scheduler_config.async_scheduling = True
+
+    return classmethod(wrapper)
+
+
+def install() -> None:
+    """Install the patches once per process (plugins may be loaded repeatedly)."""
+    from vllm.config.vllm import VllmConfig
+
+    if getattr(VllmConfig, _PATCHED_FLAG, False):
+        return
+    VllmConfig._get_v1_model_runner_unsupported_features = (  # type: ignore[method-assign]
+        _wrap_unsupported_features(VllmConfig._get_v1_model_runner_unsupported_features)
+    )
+    VllmConfig.use_v2_model_runner = _wrap_use_v2(  # type: ignore[method-assign,assignment]
+        VllmConfig.__dict__["use_v2_model_runner"]
+    )
+    from vllm.platforms.cpu import CpuPlatform
+
+    CpuPlatform.check_and_update_config = _wrap_cpu_check(  # type: ignore[method-assign]
+        CpuPlatform.__dict__["check_and_update_config"]
+    )
+    setattr(VllmConfig, _PATCHED_FLAG, True)

@@ -1,0 +1,84 @@
+"""Run the last rank's drafter as a single-stage model.
+
+vLLM builds the drafter only on the last PP rank, but model code asks the
+global PP group where it stands (``make_layers`` keeps only this stage's slice
+of layers; ``LlamaModel.forward`` expects intermediate tensors on a non-first
+rank). A drafter is a whole model living on one rank, so while it is built and
+while it runs, :func:`single_stage_pp` shows it a PP group of size one. No
+collective is issued on that view; everything but the stage layout is the real
+group.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import vllm.distributed.parallel_state as parallel_state
+
+# Drafter methods that build or run the draft model.
+DRAFTER_MODEL_METHODS = ("_get_model", "propose", "dummy_run")
+
+
+class SingleStageGroupView:
+    """A PP GroupCoordinator seen as one stage holding every layer."""
+
+    def __init__(self, real: Any) -> None:
+        self._real = real
+
+    world_size = 1
+    rank_in_group = 0
+    is_first_rank = True
+    is_last_rank = True
+
+    @property
+    def ranks(self) -> list[int]:
+        return [self._real.rank]
+
+    @property
+    def first_rank(self) -> int:
+        return int(self._real.rank)
+
+    @property
+    def last_rank(self) -> int:
+        return int(self._real.rank)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
+@contextmanager
+def single_stage_pp() -> Iterator[None]:
+    real = parallel_state._PP
+    if real is None or isinstance(real, SingleStageGroupView) or real.world_size == 1:
+        yield
+        return
+    parallel_state._PP = SingleStageGroupView(real)  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        parallel_state._PP = real
+
+
+def _in_single_stage(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with single_stage_pp():
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
+def isolate_drafter(drafter: Any) -> None:
+    """Make ``drafter`` build and run its model under :func:`single_stage_pp`.
+
+    Wraps the bound methods on this one instance; the class is untouched.
+    """
+    for name in DRAFTER_MODEL_METHODS:
+        method = getattr(drafter, name, None)
+        if method is not None and not getattr(method, "_ppspec_single_stage", False):
+            wrapped = _in_single_stage(method)
+            wrapped._ppspec_single_stage = True  # type: ignore[attr-defined]
+            setattr(drafter, name, wrapped)

@@ -1,0 +1,350 @@
+"""The runner mixin: speculative decoding under pipeline parallelism.
+
+This is the only module that touches vLLM's V1 runner internals (every name it
+uses is listed in :mod:`vllm_ppspec.version_guard`). It is mixed into vLLM's
+``GPUModelRunner`` (:class:`PPSpecGPUModelRunner`) and ``CPUModelRunner``
+(:class:`vllm_ppspec.cpu_runner.PPSpecCPUModelRunner`).
+
+With PP = 1, without a speculative config, or with the external-launcher
+(torchrun) PP mode, every override calls straight through to vLLM.
+
+Per speculative round (one ``execute_model`` + ``sample_tokens`` pair):
+
+* last rank: vLLM samples and drafts as usual. The sampled tensor is captured
+  where vLLM hands it to ``_update_states_after_model_execute``; vLLM's own
+  ``[num_reqs, 1]`` broadcast on the device group is suppressed. At the end of
+  ``sample_tokens`` the round goes out through :func:`transport.send_round`.
+* other ranks: ``execute_model`` stashes the ``scheduler_output`` when it returns
+  intermediate tensors; ``sample_tokens`` receives the round
+  (:func:`transport.recv_round`) and then replays what the sampler's rank did:
+  ``_update_states_after_model_execute`` (hybrid models: accepted counts for the
+  recurrent-state shift) in both scheduling modes, and under async scheduling
+  the next-token/valid-count hand-off (``_copy_valid_sampled_token_count``), the
+  placeholder bookkeeping vLLM does for the last rank, and the draft tensor that
+  the next step scatters into its input ids.
+
+Collectives added, per ``sample_tokens`` call, on every rank of the PP group:
+header ``all_reduce``, sampled ``broadcast``, drafts ``broadcast`` (in that
+order, on ``pp.cpu_group``; see :mod:`vllm_ppspec.transport`). The last rank
+calls them after its sampler and drafter ran; the others before returning.
+A rank whose round cannot be applied raises only after all three completed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from vllm_ppspec.version_guard import check_vllm
+
+check_vllm()
+
+from vllm.distributed.parallel_state import get_pp_group  # noqa: E402
+from vllm.logger import init_logger  # noqa: E402
+from vllm.sequence import IntermediateTensors  # noqa: E402
+from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
+from vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils import (  # noqa: E402
+    aux_hidden_state_relay_keys,
+    reserve_aux_intermediate_tensor_slots,
+    set_eagle3_aux_hidden_state_layers,
+)
+from vllm.v1.worker.gpu_model_runner import GPUModelRunner  # noqa: E402
+
+from vllm_ppspec.accounting import next_tokens_and_counts  # noqa: E402
+from vllm_ppspec.drafter_scope import isolate_drafter  # noqa: E402
+from vllm_ppspec.transport import Round, recv_round, send_round  # noqa: E402
+
+if TYPE_CHECKING:
+    from vllm.v1.core.sched.output import SchedulerOutput
+
+logger = init_logger(__name__)
+
+
+class MissingStashError(RuntimeError):
+    """A non-last PP rank reached sample_tokens without a stashed scheduler_output."""
+
+
+class DrafterlessSpecConfig:
+    """The speculative config as a rank without a drafter must see it.
+
+    It is falsy, so vLLM's ``if self.speculative_config and ...`` blocks that
+    reach for ``self.drafter`` are skipped, yet ``is not None`` still holds, so
+    paths that only ask "is spec decoding on" (attention metadata for spec
+    decoding, buffer sizes) behave as on the last rank. Attributes come from
+    the real config.
+    """
+
+    def __init__(self, real: Any) -> None:
+        self._real = real
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
+class PPSpecRunnerMixin:
+    """Mixin for vLLM's V1 GPUModelRunner (and its CPU subclass)."""
+
+    # Provided by GPUModelRunner.
+    speculative_config: Any
+    input_batch: Any
+    requests: dict[str, Any]
+    device: torch.device
+    use_async_scheduling: bool
+    num_spec_tokens: int
+    broadcast_pp_output: bool
+
+    def _ppspec_setup(self) -> None:
+        """Called right after GPUModelRunner.__init__ (drafter already built)."""
+        pp = get_pp_group()
+        self._ppspec_active = bool(self.speculative_config) and pp.world_size > 1
+        self._ppspec_is_last = pp.is_last_rank
+        self._ppspec_stash: SchedulerOutput | None = None
+        self._ppspec_round_sampled: torch.Tensor | None = None
+        self._ppspec_deferred: Callable[[], None] | None = None
+        self._ppspec_rounds = 0
+        if not self._ppspec_active:
+            return
+        if self.broadcast_pp_output:
+            raise ValueError(
+                "vllm-ppspec does not support speculative decoding with the "
+                "external_launcher (torchrun) PP mode; use the default mp executor "
+                "(--distributed-executor-backend mp) or remove --speculative-config."
+            )
+        if self._ppspec_is_last:
+            isolate_drafter(self.drafter)  # type: ignore[attr-defined]
+        logger.info(
+            "vllm-ppspec: PP rank %d/%d, speculative method %s, k=%d, %s scheduling",
+            pp.rank_in_group,
+            pp.world_size,
+            self.speculative_config.method,
+            self.num_spec_tokens,
+            "async" if self.use_async_scheduling else "sync",
+        )
+
+    # ------------------------------------------------------------------
+    # Non-last ranks: no drafter. Hide it from vLLM's set-up and metadata paths.
+    # ------------------------------------------------------------------
+    @contextmanager
+    def _ppspec_without_drafter(self) -> Iterator[None]:
+        saved = self.speculative_config
+        if (
+            not getattr(self, "_ppspec_active", False)
+            or self._ppspec_is_last
+            or isinstance(saved, DrafterlessSpecConfig)
+        ):
+            yield
+            return
+        self.speculative_config = DrafterlessSpecConfig(saved)
+        try:
+            yield
+        finally:
+            self.speculative_config = saved
+
+    def _dummy_run(self, *args: Any, **kwargs: Any) -> Any:
+        with self._ppspec_without_drafter():
+            return super()._dummy_run(*args, **kwargs)  # type: ignore[misc]
+
+    def _build_attention_metadata(self, *args: Any, **kwargs: Any) -> Any:
+        with self._ppspec_without_drafter():
+            return super()._build_attention_metadata(*args, **kwargs)  # type: ignore[misc]
+
+    def initialize_metadata_builders(self, *args: Any, **kwargs: Any) -> Any:
+        with self._ppspec_without_drafter():
+            return super().initialize_metadata_builders(*args, **kwargs)  # type: ignore[misc]
+
+    def _check_and_update_cudagraph_mode(self, *args: Any, **kwargs: Any) -> Any:
+        with self._ppspec_without_drafter():
+            return super()._check_and_update_cudagraph_mode(  # type: ignore[misc]
+                *args, **kwargs
+            )
+
+    def initialize_kv_cache(self, *args: Any, **kwargs: Any) -> Any:
+        with self._ppspec_without_drafter():
+            return super().initialize_kv_cache(*args, **kwargs)  # type: ignore[misc]
+
+    # ------------------------------------------------------------------
+    # EAGLE-3 auxiliary hidden states cross PP stages in intermediate tensors.
+    # ------------------------------------------------------------------
+    def _ppspec_uses_eagle3_aux(self) -> bool:
+        spec = self.speculative_config
+        if not spec or spec.method != "eagle3" or spec.draft_model_config is None:
+            return False
+        eagle_config = getattr(spec.draft_model_config.hf_config, "eagle_config", None) or {}
+        return bool(eagle_config.get("use_aux_hidden_state", True))
+
+    def _setup_eagle3_aux_hidden_state_outputs(self) -> None:
+        if not getattr(self, "_ppspec_active", False) or not self._ppspec_uses_eagle3_aux():
+            super()._setup_eagle3_aux_hidden_state_outputs()  # type: ignore[misc]
+            return
+        model = self.model  # type: ignore[attr-defined]
+        if self._ppspec_is_last:
+            # vLLM sets the layers; the receive buffer also needs the slots of
+            # the auxiliary states computed on earlier stages.
+            super()._setup_eagle3_aux_hidden_state_outputs()  # type: ignore[misc]
+            reserve_aux_intermediate_tensor_slots(model)
+        else:
+            # Earlier stages compute some of the auxiliary layers and ship them
+            # in their intermediate tensors; the runner itself still returns
+            # plain intermediate tensors (use_aux_hidden_state_outputs stays off).
+            set_eagle3_aux_hidden_state_layers(model, self.speculative_config)
+
+    # ------------------------------------------------------------------
+    # Every step
+    # ------------------------------------------------------------------
+    def _update_states(self, scheduler_output: SchedulerOutput) -> Any:
+        deferred = super()._update_states(scheduler_output)  # type: ignore[misc]
+        self._ppspec_deferred = deferred
+        return deferred
+
+    def execute_model(
+        self,
+        scheduler_output: SchedulerOutput,
+        intermediate_tensors: IntermediateTensors | None = None,
+    ) -> Any:
+        if not getattr(self, "_ppspec_active", False) or self._ppspec_is_last:
+            return super().execute_model(  # type: ignore[misc]
+                scheduler_output, intermediate_tensors
+            )
+        self._ppspec_deferred = None
+        output = super().execute_model(  # type: ignore[misc]
+            scheduler_output, intermediate_tensors
+        )
+        if isinstance(output, IntermediateTensors):
+            self._ppspec_stash = scheduler_output
+            if intermediate_tensors is not None and self._ppspec_uses_eagle3_aux():
+                # A middle stage passes on the auxiliary states of the stages
+                # before it (vLLM's model only packs its own layers' states).
+                for key in aux_hidden_state_relay_keys(self.model):  # type: ignore[attr-defined]
+                    output.tensors[key] = intermediate_tensors[key]
+            # vLLM runs the async spec-decode count correction after the forward
+            # on the last rank only (it returns before reaching it here).
+            if self._ppspec_deferred is not None:
+                self._ppspec_deferred()
+        self._ppspec_deferred = None
+        return output
+
+    def _update_states_after_model_execute(
+        self, output_token_ids: torch.Tensor, scheduler_output: SchedulerOutput
+    ) -> None:
+        if getattr(self, "_ppspec_active", False) and self._ppspec_is_last:
+            self._ppspec_round_sampled = output_token_ids
+        super()._update_states_after_model_execute(  # type: ignore[misc]
+            output_token_ids, scheduler_output
+        )
+
+    def _pp_broadcast_prev_sampled_token_ids(self, sampled_token_ids: torch.Tensor) -> None:
+        if getattr(self, "_ppspec_active", False):
+            # Replaced by the round transport at the end of sample_tokens.
+            return
+        super()._pp_broadcast_prev_sampled_token_ids(sampled_token_ids)  # type: ignore[misc]
+
+    def sample_tokens(self, grammar_output: Any) -> Any:
+        if not getattr(self, "_ppspec_active", False):
+            return super().sample_tokens(grammar_output)  # type: ignore[misc]
+        pp = get_pp_group()
+        if self._ppspec_is_last:
+            self._ppspec_round_sampled = None
+            output = super().sample_tokens(grammar_output)  # type: ignore[misc]
+            sampled = self._ppspec_round_sampled
+            self._ppspec_round_sampled = None
+            if sampled is None:
+                # No sampler ran, yet the other ranks wait for a round: tell them
+                # (0 rows never matches a batch with requests) so all raise.
+                sampled = torch.empty((0, 1), dtype=torch.int32)
+            send_round(
+                pp.cpu_group,
+                pp.last_rank,
+                self.input_batch.num_reqs,
+                self.num_spec_tokens,
+                sampled,
+                self._draft_token_ids,  # type: ignore[attr-defined]
+            )
+            self._ppspec_rounds += 1
+            return output
+
+        kv_connector_output = self.kv_connector_output  # type: ignore[has-type]
+        self.kv_connector_output = None
+        stash, self._ppspec_stash = self._ppspec_stash, None
+        rnd = recv_round(
+            pp.cpu_group, pp.last_rank, self.input_batch.num_reqs, self.num_spec_tokens
+        )
+        # Raise only now, with the round consumed, so the last rank is not left
+        # waiting in a collective.
+        if stash is None:
+            raise MissingStashError(
+                f"PP rank {pp.rank_in_group}: sample_tokens was called without a "
+                "scheduler_output stashed by execute_model; cannot replay the "
+                "speculative round's state update on this rank."
+            )
+        self._ppspec_apply_round(rnd, stash)
+        self._ppspec_rounds += 1
+        return ModelRunnerOutput.with_kv_conn_output_only(kv_connector_output)
+
+    # ------------------------------------------------------------------
+    # Non-last ranks: apply the round the last rank sampled.
+    # ------------------------------------------------------------------
+    def _ppspec_apply_round(self, rnd: Round, scheduler_output: SchedulerOutput) -> None:
+        num_reqs = self.input_batch.num_reqs
+        sampled = rnd.sampled.to(self.device)
+        # Hybrid models: the same accepted counts the sampler's rank applies to
+        # its recurrent state (vLLM returns early for other models).
+        super()._update_states_after_model_execute(  # type: ignore[misc]
+            sampled, scheduler_output
+        )
+        if not self.use_async_scheduling:
+            # Sync scheduling: next tokens and drafts come with the next
+            # scheduler_output, as in vLLM without speculation.
+            return
+        discard = self.discard_request_mask.gpu[:num_reqs]  # type: ignore[attr-defined]
+        next_ids, counts = next_tokens_and_counts(
+            sampled, discard=discard, vocab_size=self.input_batch.vocab_size
+        )
+        self._ppspec_record_placeholders(num_reqs)
+        self._copy_valid_sampled_token_count(next_ids, counts)  # type: ignore[attr-defined]
+        self._draft_token_ids = rnd.drafts.to(self.device)
+        self.prev_num_spec_tokens = self.num_spec_tokens
+
+    def _ppspec_record_placeholders(self, num_reqs: int) -> None:
+        """The async bookkeeping vLLM does on the sampler's rank.
+
+        Each request whose sample is kept gets one ``-1`` placeholder output
+        token and one more token slot; the next step's input ids for it come
+        from ``prev_sampled_token_ids`` on the device. Discarded requests
+        (partial prefills) keep their CPU token ids.
+        """
+        batch = self.input_batch
+        discard_mask = self.discard_request_mask.np[:num_reqs]  # type: ignore[attr-defined]
+        prev_req_id_to_index: dict[str, int] = {}
+        for i, req_id in enumerate(batch.req_ids[:num_reqs]):
+            if discard_mask[i]:
+                continue
+            prev_req_id_to_index[req_id] = i
+            req_state = self.requests.get(req_id)
+            if req_state is not None:
+                req_state.output_token_ids.append(-1)
+            pos = int(batch.num_tokens_no_spec[i])
+            batch.is_token_ids[i, pos] = True
+            batch.num_tokens_no_spec[i] = pos + 1
+        batch.prev_req_id_to_index = prev_req_id_to_index
+
+
+class PPSpecGPUModelRunner(PPSpecRunnerMixin, GPUModelRunner):
+    """vLLM's V1 GPUModelRunner with speculative decoding under PP."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._ppspec_setup()
+
+
+__all__ = [
+    "DrafterlessSpecConfig",
+    "MissingStashError",
+    "PPSpecGPUModelRunner",
+    "PPSpecRunnerMixin",
+]

