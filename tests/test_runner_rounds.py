@@ -1,0 +1,186 @@
+"""The runner mixin's round hand-off between two real vLLM PP ranks (gloo, CPU).
+
+Runner objects are created without running GPUModelRunner.__init__ and given
+just the state the tested methods read; the PP group is vLLM's own
+(``initialize_model_parallel(pipeline_model_parallel_size=2)``).
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from tests.distributed import run_ranks
+from vllm_ppspec import cpu_runner as _preload  # noqa: F401  (forked ranks inherit the import)
+
+K = 3
+
+
+def _stub_runner(rank: int, world: int, spec: bool, num_reqs: int):
+    from vllm_ppspec.cpu_runner import PPSpecCPUModelRunner
+
+    runner = object.__new__(PPSpecCPUModelRunner)
+    runner.speculative_config = SimpleNamespace(method="draft_model") if spec else None
+    runner._ppspec_active = spec
+    runner._ppspec_is_last = rank == world - 1
+    runner._ppspec_stash = None
+    runner._ppspec_round_sampled = None
+    runner._ppspec_deferred = None
+    runner._ppspec_rounds = 0
+    runner.num_spec_tokens = K if spec else 0
+    runner.device = torch.device("cpu")
+    runner.use_async_scheduling = True
+    runner.broadcast_pp_output = False
+    runner.execute_model_state = None
+    runner.kv_connector_output = None
+    runner._pp_recv_work = None
+    req_ids = [f"r{i}" for i in range(num_reqs)]
+    runner.requests = {r: SimpleNamespace(output_token_ids=[]) for r in req_ids}
+    runner.input_batch = SimpleNamespace(
+        num_reqs=num_reqs,
+        req_ids=req_ids,
+        num_tokens_no_spec=np.full(num_reqs, 4, dtype=np.int32),
+        is_token_ids=np.zeros((num_reqs, 16), dtype=bool),
+        prev_sampled_token_ids=None,
+        prev_req_id_to_index=None,
+    )
+    runner.discard_request_mask = SimpleNamespace(np=np.zeros(num_reqs, dtype=bool))
+    return runner
+
+
+def _missing_stash(rank: int, world: int):
+    from vllm.distributed.parallel_state import get_pp_group
+
+    from vllm_ppspec.runner import MissingStashError
+    from vllm_ppspec.transport import send_round
+
+    pp = get_pp_group()
+    runner = _stub_runner(rank, world, spec=True, num_reqs=2)
+    if pp.is_last_rank:
+        sampled = torch.tensor([[4, 5, -1, -1], [6, -1, -1, -1]], dtype=torch.int32)
+        send_round(pp.cpu_group, pp.last_rank, 2, K, sampled, torch.zeros(2, K))
+        outcome = "sent"
+    else:
+        try:
+            runner.sample_tokens(None)  # execute_model never stashed a scheduler_output
+            outcome = "returned"
+        except MissingStashError as e:
+            outcome = f"raised: {e}"
+    # Both broadcasts were consumed: the next collective on the group completes.
+    torch.distributed.barrier(group=pp.cpu_group)
+    return outcome
+
+
+def test_missing_stash_raises_after_the_round_was_consumed():
+    results = run_ranks(_missing_stash, vllm_groups=True, timeout=90)
+    for r in results:
+        assert r.error is None and not r.hung, r.message
+    assert results[1].value == "sent"
+    assert results[0].value.startswith("raised: PP rank 0: sample_tokens was called without")
+
+
+def _plain_path(rank: int, world: int):
+    from vllm.distributed.parallel_state import get_pp_group
+
+    pp = get_pp_group()
+    runner = _stub_runner(rank, world, spec=False, num_reqs=3)
+    if pp.is_last_rank:
+        # Without a speculative config the mixin defers to vLLM's own
+        # [num_reqs, 1] device-group broadcast.
+        runner._pp_broadcast_prev_sampled_token_ids(
+            torch.tensor([[11], [12], [13]], dtype=torch.int32)
+        )
+        return None
+    runner.sample_tokens(None)
+    assert runner._pp_recv_work is not None
+    runner._pp_recv_work.wait()
+    return (
+        runner.input_batch.prev_sampled_token_ids.tolist(),
+        runner.input_batch.num_tokens_no_spec.tolist(),
+        sorted(runner.input_batch.prev_req_id_to_index.items()),
+    )
+
+
+def test_non_speculative_path_is_vllms_own():
+    results = run_ranks(_plain_path, vllm_groups=True, timeout=90)
+    for r in results:
+        assert r.error is None and not r.hung, r.message
+    prev, num_tokens, index = results[0].value
+    assert prev == [[11], [12], [13]]
+    assert num_tokens == [5, 5, 5]
+    assert index == [("r0", 0), ("r1", 1), ("r2", 2)]
+
+
+def _spec_suppresses_upstream_broadcast(rank: int, world: int):
+    from vllm.distributed.parallel_state import get_pp_group
+
+    pp = get_pp_group()
+    runner = _stub_runner(rank, world, spec=True, num_reqs=2)
+    if pp.is_last_rank:
+        # vLLM would assert on a [num_reqs, k+1] tensor and broadcast it on the
+        # device group; the mixin leaves that to the round transport.
+        runner._pp_broadcast_prev_sampled_token_ids(torch.ones((2, K + 1), dtype=torch.int32))
+    torch.distributed.barrier(group=pp.cpu_group)
+    return "ok"
+
+
+def test_spec_round_does_not_use_vllms_device_group_broadcast():
+    results = run_ranks(_spec_suppresses_upstream_broadcast, vllm_groups=True, timeout=90)
+    for r in results:
+        assert r.error is None and not r.hung, r.message
+        assert r.value == "ok"
+
+
+def _apply_async_round(rank: int, world: int):
+    from vllm.distributed.parallel_state import get_pp_group
+
+    from vllm_ppspec.transport import send_round
+
+    pp = get_pp_group()
+    runner = _stub_runner(rank, world, spec=True, num_reqs=3)
+    if pp.is_last_rank:
+        sampled = torch.tensor([[4, 5, 6, 7], [8, -1, -1, -1], [9, 9, -1, -1]], dtype=torch.int32)
+        drafts = torch.tensor([[1, 2, 3], [4, 5, 6], [7, 8, 9]])
+        send_round(pp.cpu_group, pp.last_rank, 3, K, sampled, drafts)
+        return None
+    # Request r1 is a partial prefill: its sample is discarded.
+    runner.discard_request_mask = SimpleNamespace(
+        np=np.array([False, True, False]), gpu=torch.tensor([False, True, False])
+    )
+    runner.model_config = SimpleNamespace(is_hybrid=False)
+    runner.input_batch.vocab_size = 512
+    runner._ppspec_stash = object()
+    captured = {}
+
+    def copy_counts(next_ids, counts):
+        captured["next"] = next_ids.tolist()
+        captured["counts"] = counts.tolist()
+
+    runner._copy_valid_sampled_token_count = copy_counts
+    runner.sample_tokens(None)
+    return (
+        captured,
+        runner._draft_token_ids.tolist(),
+        runner.input_batch.num_tokens_no_spec.tolist(),
+        sorted(runner.input_batch.prev_req_id_to_index),
+        [runner.requests[r].output_token_ids for r in ("r0", "r1", "r2")],
+    )
+
+
+def test_async_round_is_applied_on_the_non_last_rank():
+    results = run_ranks(_apply_async_round, vllm_groups=True, timeout=90)
+    for r in results:
+        assert r.error is None and not r.hung, r.message
+    captured, drafts, num_tokens, index, outputs = results[0].value
+    assert captured == {"next": [7, 0, 9], "counts": [4, 0, 2]}
+    assert drafts == [[1, 2, 3], [4, 5, 6], [7, 8, 9]]
+    assert num_tokens == [5, 4, 5]
+    assert index == ["r0", "r2"]
+    assert outputs == [[-1], [], [-1]]
+
+
+if __name__ == "__main__":
+    pytest.main([__file__, "-q"])
