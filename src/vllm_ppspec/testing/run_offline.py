@@ -1,0 +1,123 @@
+"""Run one offline vLLM engine from a JSON job and write its outputs as JSON.
+
+Used by the end-to-end tests and the benchmark: each job is a fresh process
+(vLLM's engine spawns its own workers and must run under ``__main__``)::
+
+    python -m vllm_ppspec.testing.run_offline JOB.json OUT.json
+
+Job keys: ``model``, ``pp`` (default 1), ``spec`` (speculative config or null),
+``worker`` (``"ppspec"`` = ``vllm_ppspec.worker.PPSpecWorker``, ``"stock"`` =
+vLLM's default), ``async_scheduling`` (true/false/null), ``enforce_eager``,
+``max_num_batched_tokens``, ``max_num_seqs``, ``dtype``, ``requests``: a list of
+``{"prompt_token_ids": [...], "max_tokens": n, "temperature": t, "seed": s}``.
+
+Output: ``{"outputs": [[token ids] per request], "spec": {"accepted", "drafts",
+"steps"} or null, "startup_s", "generate_s"}``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from vllm_ppspec import WORKER_QUALNAME
+
+
+def cpu_env(pp: int) -> dict[str, str]:
+    """Environment for the CPU backend on this small machine."""
+    cores = os.cpu_count() or 1
+    binds = "|".join(str(i % cores) for i in range(pp))
+    return {
+        "VLLM_CPU_OMP_THREADS_BIND": binds if pp > 1 else "auto",
+        "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+    }
+
+
+def spec_metrics(llm: Any) -> dict[str, int] | None:
+    values: dict[str, int] = {}
+    for metric in llm.get_metrics():
+        name = getattr(metric, "name", "")
+        if name in (
+            "vllm:spec_decode_num_accepted_tokens",
+            "vllm:spec_decode_num_draft_tokens",
+            "vllm:spec_decode_num_drafts",
+        ):
+            values[name.split("num_")[-1]] = int(getattr(metric, "value", 0))
+    if not values:
+        return None
+    return {
+        "accepted": values.get("accepted_tokens", 0),
+        "drafts": values.get("draft_tokens", 0),
+        "steps": values.get("drafts", 0),
+    }
+
+
+def run(job: dict[str, Any]) -> dict[str, Any]:
+    pp = int(job.get("pp", 1))
+    for key, value in cpu_env(pp).items():
+        os.environ.setdefault(key, value)
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    kwargs: dict[str, Any] = dict(
+        model=job["model"],
+        dtype=job.get("dtype", "float32"),
+        max_model_len=job.get("max_model_len", 512),
+        pipeline_parallel_size=pp,
+        enforce_eager=job.get("enforce_eager", True),
+        max_num_seqs=job.get("max_num_seqs", 8),
+        seed=0,
+        disable_log_stats=False,
+    )
+    if job.get("max_num_batched_tokens"):
+        kwargs["max_num_batched_tokens"] = job["max_num_batched_tokens"]
+        kwargs["enable_chunked_prefill"] = True
+    if job.get("spec"):
+        kwargs["speculative_config"] = job["spec"]
+    if job.get("worker", "ppspec") == "ppspec":
+        kwargs["worker_cls"] = WORKER_QUALNAME
+    if job.get("async_scheduling") is not None:
+        kwargs["async_scheduling"] = job["async_scheduling"]
+    if pp > 1:
+        kwargs["distributed_executor_backend"] = "mp"
+
+    t0 = time.perf_counter()
+    llm = LLM(**kwargs)
+    t1 = time.perf_counter()
+    prompts = [TokensPrompt(prompt_token_ids=r["prompt_token_ids"]) for r in job["requests"]]
+    params = [
+        SamplingParams(
+            max_tokens=r["max_tokens"],
+            temperature=r.get("temperature", 0.0),
+            seed=r.get("seed"),
+            ignore_eos=True,
+        )
+        for r in job["requests"]
+    ]
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    t2 = time.perf_counter()
+    return {
+        "outputs": [list(o.outputs[0].token_ids) for o in outs],
+        "spec": spec_metrics(llm) if job.get("spec") else None,
+        "startup_s": round(t1 - t0, 2),
+        "generate_s": round(t2 - t1, 3),
+    }
+
+
+def main() -> None:
+    job_path, out_path = sys.argv[1], sys.argv[2]
+    with open(job_path) as f:
+        job = json.load(f)
+    result = run(job)
+    with open(out_path, "w") as f:
+        json.dump(result, f)
+    # vLLM's engine shutdown can be slow; the result is on disk.
+    sys.stdout.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,67 @@
+"""Config changes apply when, and only when, the plugin worker is selected.
+
+These build real ``VllmConfig`` objects through ``EngineArgs`` on a tiny local
+model (no engine is started).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from vllm_ppspec import WORKER_QUALNAME
+from vllm_ppspec.plugin import register
+
+register()
+
+
+def _config(model: str, **kwargs):
+    from vllm.engine.arg_utils import EngineArgs
+
+    return EngineArgs(model=model, dtype="float32", max_model_len=256, **kwargs).create_engine_config()
+
+
+@pytest.fixture(scope="module")
+def target(models):
+    return models["target"]
+
+
+def test_v1_async_pp_refusal_is_lifted_for_the_plugin_worker_only(target):
+    from vllm.config.vllm import VllmConfig
+
+    cfg = _config(target, pipeline_parallel_size=2, worker_cls=WORKER_QUALNAME)
+    cfg.scheduler_config.async_scheduling = True
+    assert "pipeline parallelism with async scheduling" not in (
+        cfg._get_v1_model_runner_unsupported_features()
+    )
+    stock = _config(target, pipeline_parallel_size=2)
+    stock.scheduler_config.async_scheduling = True
+    assert "pipeline parallelism with async scheduling" in (
+        VllmConfig._get_v1_model_runner_unsupported_features(stock)
+    )
+
+
+def test_cpu_platform_keeps_explicit_async_scheduling_for_the_plugin_worker(target):
+    ours = _config(target, pipeline_parallel_size=2, worker_cls=WORKER_QUALNAME,
+                   async_scheduling=True)
+    assert ours.scheduler_config.async_scheduling is True
+    default = _config(target, pipeline_parallel_size=2, worker_cls=WORKER_QUALNAME)
+    assert default.scheduler_config.async_scheduling is False
+    stock = _config(target, pipeline_parallel_size=2, async_scheduling=True)
+    assert stock.scheduler_config.async_scheduling is False  # vLLM's CPU behaviour
+
+
+def test_plugin_worker_always_uses_the_v1_runner(target, monkeypatch):
+    cfg = _config(target, worker_cls=WORKER_QUALNAME)
+    assert cfg.use_v2_model_runner is False
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+    with pytest.raises(ValueError, match="unset VLLM_USE_V2_MODEL_RUNNER"):
+        cfg.use_v2_model_runner  # noqa: B018
+
+
+def test_unsupported_method_under_pp_is_refused_with_the_supported_list(target):
+    with pytest.raises(ValueError) as e:
+        _config(target, pipeline_parallel_size=2, worker_cls=WORKER_QUALNAME,
+                speculative_config={"method": "medusa", "model": target,
+                                    "num_speculative_tokens": 3})
+    assert "'medusa'" in str(e.value)
+    assert "ngram, draft_model, eagle, eagle3, mtp" in str(e.value)

@@ -1,0 +1,65 @@
+"""The version guard refuses untested vLLM versions and names missing private names."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from vllm_ppspec import version_guard
+from vllm_ppspec.version_guard import (
+    PINNED_VLLM_VERSION,
+    VLLMVersionError,
+    check_version,
+    check_vllm,
+    missing_names,
+)
+
+
+def test_installed_vllm_is_the_pinned_one_and_has_every_listed_name():
+    assert version_guard.installed_vllm_version() == PINNED_VLLM_VERSION == "0.32.0"
+    assert missing_names() == []
+    check_vllm()
+
+
+def test_other_version_is_refused_with_both_versions_named():
+    with pytest.raises(VLLMVersionError) as e:
+        check_version("0.33.0")
+    assert "0.32.0" in str(e.value) and "0.33.0" in str(e.value)
+    assert "vllm==0.32.0" in str(e.value)
+
+
+def test_missing_private_name_is_reported(monkeypatch):
+    monkeypatch.setattr(
+        version_guard,
+        "PRIVATE_NAMES",
+        version_guard.PRIVATE_NAMES
+        + (("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._no_such_method"),),
+    )
+    with pytest.raises(VLLMVersionError) as e:
+        check_vllm()
+    assert "GPUModelRunner._no_such_method" in str(e.value)
+
+
+def test_importing_the_worker_under_another_version_fails_with_the_message():
+    code = (
+        "import vllm; vllm.__version__ = '0.31.9'\n"
+        "import vllm_ppspec.worker\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode != 0
+    assert "VLLMVersionError" in proc.stderr
+    assert "supports vLLM 0.32.0 only; found vLLM 0.31.9" in proc.stderr
+
+
+def test_plugin_register_refuses_another_version():
+    code = (
+        "import vllm; vllm.__version__ = '0.40.0'\n"
+        "from vllm_ppspec.plugin import register; register()\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode != 0
+    assert "found vLLM 0.40.0" in proc.stderr
