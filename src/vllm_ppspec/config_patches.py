@@ -12,6 +12,13 @@ patch wraps one vLLM function and calls it unchanged unless
   an explicit ``VLLM_USE_V2_MODEL_RUNNER=1`` is refused with a ValueError.
 * ``CpuPlatform.check_and_update_config``: keeps an explicit
   ``--async-scheduling`` (the CPU platform turns it off unconditionally).
+* ``VllmConfig.max_concurrent_batches`` (PP + speculative decoding only): 1
+  batch in flight under sync scheduling, 2 under async scheduling, instead of
+  one per PP stage. The engine core takes a batch's draft tokens right after
+  scheduling the next one; with a PP-deep batch queue it reads them before the
+  batch's sampled tokens were processed and schedules drafts without their
+  bonus token. And vLLM's async spec-decode correction assumes the scheduler
+  lags the worker by exactly one step.
 """
 
 from __future__ import annotations
@@ -87,6 +94,27 @@ def _wrap_use_v2(original_prop: property) -> property:
     return property(wrapper)
 
 
+def spec_pp_active(vllm_config: Any) -> bool:
+    return (
+        plugin_worker_selected(vllm_config)
+        and vllm_config.speculative_config is not None
+        and vllm_config.parallel_config.pipeline_parallel_size > 1
+    )
+
+
+def _wrap_max_concurrent_batches(original_prop: property) -> property:
+    getter = original_prop.fget
+    assert getter is not None
+
+    @functools.wraps(getter)
+    def wrapper(self: Any) -> int:
+        if not spec_pp_active(self):
+            return int(getter(self))
+        return 2 if self.scheduler_config.async_scheduling else 1
+
+    return property(wrapper)
+
+
 def _wrap_cpu_check(original: Any) -> Any:
     func = original.__func__
 
@@ -111,6 +139,9 @@ def install() -> None:
     )
     VllmConfig.use_v2_model_runner = _wrap_use_v2(  # type: ignore[method-assign,assignment]
         VllmConfig.__dict__["use_v2_model_runner"]
+    )
+    VllmConfig.max_concurrent_batches = _wrap_max_concurrent_batches(  # type: ignore[method-assign,assignment]
+        VllmConfig.__dict__["max_concurrent_batches"]
     )
     from vllm.platforms.cpu import CpuPlatform
 

@@ -57,6 +57,7 @@ PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
     # Config checks that the plugin relaxes when its worker is selected.
     ("vllm.config.vllm", "VllmConfig._get_v1_model_runner_unsupported_features"),
     ("vllm.config.vllm", "VllmConfig.use_v2_model_runner"),
+    ("vllm.config.vllm", "VllmConfig.max_concurrent_batches"),
     ("vllm.platforms.cpu", "CpuPlatform.check_and_update_config"),
 )
 

@@ -1,8 +1,8 @@
 """Tiny deterministic random-weight models (plus a tokenizer) for tests and the demo.
 
-Nothing here touches a model hub: every fixture is generated from fixed seeds, written in
-safetensors (float32) next to a ``config.json`` and a word-level tokenizer, and cached on
-disk.  :func:`build_all` is the only entry point the tests need::
+Nothing here touches a model hub: every fixture is generated from fixed seeds, written as
+float32 safetensors next to a ``config.json`` and a word-level tokenizer, and cached on
+disk.  :func:`build_all` is the entry point::
 
     paths = build_all(tmp_root)          # {"target": ".../target", "eagle3": ..., ...}
     LLM(model=paths["target"], speculative_config={"method": "eagle3",
@@ -11,54 +11,58 @@ disk.  :func:`build_all` is the only entry point the tests need::
 Fixtures
 --------
 ``target``        LlamaForCausalLM, hidden 128, 2 heads / 1 KV head (head_dim 64), 4 layers.
-``draft_copy``    ``draft_model`` drafter: byte-identical weights to ``target`` (~100% accepted).
+``draft_copy``    ``draft_model`` drafter: the same weights as ``target`` (~100% accepted).
 ``draft_random``  ``draft_model`` drafter: independent random 1-layer Llama (~0% accepted).
-``eagle3``        EAGLE-3 drafter (``LlamaForCausalLMEagle3``) with random weights (~0% accepted).
+``eagle3``        EAGLE-3 drafter (``LlamaForCausalLMEagle3``), random weights (~0% accepted).
 ``eagle3_succ``   EAGLE-3 drafter hand-set to propose ``SUCC[token]`` (partial acceptance).
 ``eagle``         EAGLE (v1) drafter hand-set to propose ``SUCC[token]`` (partial acceptance).
-``mimo``          MiMo (Qwen2) target with one MTP layer hand-set to propose ``SUCC[token]``;
+``mimo``          MiMo (Qwen2) target whose MTP layer is hand-set to propose ``SUCC[token]``;
                   use ``{"method": "mtp", "num_speculative_tokens": k}`` (partial acceptance).
 
 How the targets behave
 ----------------------
-The targets are random transformers with two planted structures so that greedy decoding is
-varied, context dependent and far from ties:
+Random transformers with planted, wide-margin structure (see :func:`greedy_reference`):
 
-* ``lm_head`` is (a scaled, permuted copy of) the token embeddings, so the residual stream's
-  current-token component votes for ``SUCC[token]``, a fixed random cyclic permutation of
-  the non-special ids (one cycle of length 509).
-* Layer 0, head 0 is a "previous token" head (RoPE-based: it attends to position ``i - 1``),
-  which adds a projection of the previous token's embedding.  Roughly a third of the greedy
-  steps therefore deviate from ``SUCC`` in a way that depends on the previous token, so a
-  wrong KV cache, wrong positions or a wrong slot mapping changes the output.
+* ``lm_head`` row ``u`` is the embedding of ``PRED[u]``, so the current token ``t`` votes
+  for ``SUCC[t]`` (``SUCC``: one random cycle over the 509 non-special ids).
+* Embeddings of 512 ids lie on one orbit of an orthogonal map ``Q``: ``Q z[s] = z[PI[s]]``.
+  Layer 3 has a previous-token head (RoPE-only q/k, peaked at distance 1) whose value/output
+  apply ``Q``, so the previous token ``p`` votes for ``SUCC[PI[p]]`` with weight 2.0 when
+  ``p`` is "on" (a fixed third of the ids) and 0.5 otherwise (the gate works through the
+  RMSNorm: "off" ids carry extra energy in 56 padding dims).
+* Layer 0 has a self-attention head (peaked at distance 0) that re-adds the current token.
 
-The hand-set drafters propose ``SUCC[current token]``, hence are accepted exactly when the
-target follows ``SUCC``.
+Hence greedy decoding follows ``next = SUCC[PI[p]] if ON[p] else SUCC[t]`` with top-1/top-2
+logit gaps of ~20% of the top logit, is varied (no short loops), and depends on the KV
+cache of both pipeline halves: a wrong slot, position or block table changes the output.
+The hand-set drafters are accepted exactly when the previous token is "off" (~2/3).
 
 Tokenizer / EOS
 ---------------
 Word-level, 512 entries: ``<unk>`` = 0, ``<s>`` = 1 (bos), ``</s>`` = 2 (eos), then ``w3`` ..
 ``w511`` where ``wN`` is token id ``N``; split on whitespace; no BOS is added automatically.
-Every model's ``lm_head`` rows for ids 0-2 are zero while the winning logit is large and
-positive, so greedy decoding never emits EOS: tests do not need ``ignore_eos`` (passing it is
-harmless).  Text prompts look like ``"w17 w300 w42"``.
+``lm_head`` rows for ids 0-2 are zero and the winning logit is large and positive, so greedy
+decoding never emits EOS: ``ignore_eos`` is not needed (and harmless).  Prompts: token ids
+or text like ``"w17 w300 w42"``; do not end a prompt with a special token (the rule above
+is only guaranteed for non-special current tokens).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
 
 # Bump whenever the generated bytes change: cached fixtures carrying another version are
 # rebuilt.
-VERSION = "tiny-models-4"
+VERSION = "tiny-models-v1"
 MARKER = ".tiny_models_complete"
 
 VOCAB_SIZE = 512
@@ -71,7 +75,7 @@ HEAD_DIM = 64
 INTERMEDIATE = 256
 NUM_LAYERS = 4
 MAX_POSITIONS = 2048
-ROPE_THETA = 2.0  # spreads the rotary frequencies: sharp previous-token attention
+ROPE_THETA = 2.0  # spread rotary frequencies: sharp position-only attention heads
 RMS_EPS = 1e-6
 EAGLE3_AUX_LAYERS = [1, 2, 3]
 
@@ -85,14 +89,21 @@ FIXTURES = (
     "mimo",
 )
 
-# Planted-structure knobs (see module docstring).
-_CONST_DIMS = 8  # embedding dims that are the same for every token (drive RoPE-only q/k)
-_TOKEN_DIMS = HIDDEN - _CONST_DIMS
-_EMB_SCALE = 0.05  # per-dim scale of the embeddings
-_PREV_STRENGTH = 5.0
-_QK_GAIN = 6.0  # previous-token head sharpness
-_NOISE_STD = 0.01  # std of the unstructured random weights in the targets
-_LOGIT_GAIN = 0.5  # lm_head scale (logits of order 10-60: wide top-1/top-2 gaps)
+# Residual-stream layout of the targets: [constant | token (orbit) | padding (gate)].
+_C = slice(0, 8)
+_Z = slice(8, 8 + HEAD_DIM)
+_P = slice(8 + HEAD_DIM, HIDDEN)
+_NC, _NZ, _NP = 8, HEAD_DIM, HIDDEN - 8 - HEAD_DIM
+_EMB_SCALE = 0.1  # absolute scale of the embeddings
+_GATE_RATIO = 5.0  # RMSNorm factor of "on" ids / "off" ids at the layer-0 input
+_SELF_GAIN = 0.4  # layer-0 self head re-adds this much of an "on" id's token part
+_QK_GAIN = 6.0  # logit sharpness of the position-only heads
+_NOISE_STD = 0.01  # unstructured random weights in the targets
+_LOGIT_GAIN = 2.0  # lm_head scale
+# 32 orbit frequencies (multiples of 2*pi/512) picked so that max |cos| between two
+# different token vectors is 0.27.
+_ORBIT_FREQS = (6, 15, 29, 30, 34, 42, 44, 47, 89, 93, 106, 111, 113, 114, 121, 124,
+                135, 137, 144, 148, 150, 153, 154, 162, 190, 192, 194, 205, 237, 242, 249, 253)
 
 Tensors = dict[str, torch.Tensor]
 
@@ -105,122 +116,165 @@ def _randn(gen: torch.Generator, *shape: int, std: float = 1.0) -> torch.Tensor:
     return torch.randn(*shape, generator=gen, dtype=torch.float32) * std
 
 
-def successor_table() -> list[int]:
-    """``SUCC[t]``: the token the targets' current-token component votes for after ``t``.
+# --------------------------------------------------------------------------- structure
 
-    A single random cycle over the non-special ids; special ids map to themselves.
-    """
-    order = torch.randperm(VOCAB_SIZE - NUM_SPECIAL, generator=_gen(1001)) + NUM_SPECIAL
+
+@functools.cache
+def _tables() -> tuple[tuple[int, ...], tuple[int, ...], tuple[bool, ...]]:
+    """(SUCC, PI, ON) as tuples indexed by token id."""
+    n = VOCAB_SIZE - NUM_SPECIAL
+    cyc = torch.randperm(n, generator=_gen(1001)) + NUM_SPECIAL
     succ = list(range(VOCAB_SIZE))
-    n = len(order)
     for i in range(n):
-        succ[int(order[i])] = int(order[(i + 1) % n])
-    return succ
+        succ[int(cyc[i])] = int(cyc[(i + 1) % n])
+    orbit = torch.randperm(VOCAB_SIZE, generator=_gen(1002))
+    pi = [0] * VOCAB_SIZE
+    for k in range(VOCAB_SIZE):
+        pi[int(orbit[k])] = int(orbit[(k + 1) % VOCAB_SIZE])
+    draw = torch.rand(VOCAB_SIZE, generator=_gen(1003))
+    on = [
+        bool(draw[t] < 1 / 3) and t >= NUM_SPECIAL and pi[t] >= NUM_SPECIAL
+        for t in range(VOCAB_SIZE)
+    ]
+    return tuple(succ), tuple(pi), tuple(on)
 
 
-def _predecessor_index() -> torch.Tensor:
-    succ = successor_table()
-    pred = list(range(VOCAB_SIZE))
-    for t, s in enumerate(succ):
-        pred[s] = t
-    return torch.tensor(pred)
+def successor_table() -> list[int]:
+    """``SUCC[t]``: what the current token votes for (special ids map to themselves)."""
+    return list(_tables()[0])
 
 
-def _embeddings() -> torch.Tensor:
-    """Token part on a sphere (every row has the same RMS), constant part shared."""
-    z = _randn(_gen(1002), VOCAB_SIZE, _TOKEN_DIMS)
-    z = z / z.norm(dim=-1, keepdim=True) * math.sqrt(_TOKEN_DIMS)
-    const = torch.ones(VOCAB_SIZE, _CONST_DIMS)
-    return torch.cat([const, z], dim=-1) * _EMB_SCALE
+def greedy_reference(prompt: Sequence[int], max_tokens: int) -> list[int]:
+    """Greedy continuation of ``target`` (and of ``mimo``) predicted from the planted rule.
+
+    ``next = SUCC[PI[p]] if ON[p] else SUCC[t]`` where ``t`` is the current token and ``p``
+    the one before it (``t`` itself for a one-token prompt).
+    """
+    succ, pi, on = _tables()
+    ids = list(prompt)
+    out: list[int] = []
+    for _ in range(max_tokens):
+        t = ids[-1]
+        p = ids[-2] if len(ids) > 1 else t
+        nxt = succ[pi[p]] if on[p] else succ[t]
+        ids.append(nxt)
+        out.append(nxt)
+    return out
 
 
-def _succ_lm_head(emb: torch.Tensor, gain: float) -> torch.Tensor:
-    """Rows ``u`` = embedding of ``PRED[u]`` (token dims only); special rows are zero."""
-    pred = _predecessor_index()
-    tok = emb[:, _CONST_DIMS:]
-    tok = tok / tok.pow(2).mean(-1, keepdim=True).sqrt()
-    head = torch.zeros(VOCAB_SIZE, HIDDEN)
-    head[NUM_SPECIAL:, _CONST_DIMS:] = gain * tok[pred[NUM_SPECIAL:]]
+def _draft_accepts(prompt: Sequence[int], max_tokens: int) -> float:
+    """Fraction of generated positions where a ``SUCC[token]`` drafter is right."""
+    ids = list(prompt) + greedy_reference(prompt, max_tokens)
+    hits = sum(ids[i + 1] == _tables()[0][ids[i]] for i in range(len(prompt) - 1, len(ids) - 1))
+    return hits / max_tokens
+
+
+@functools.cache
+def _orbit() -> tuple[torch.Tensor, torch.Tensor]:
+    """Token vectors ``z`` [V, 64] (norm 8) and ``Q`` [64, 64] with ``Q z[s] = z[PI[s]]``."""
+    gen = _gen(1004)
+    omega = torch.tensor(_ORBIT_FREQS, dtype=torch.float64) * (2 * math.pi / VOCAB_SIZE)
+    phase = torch.rand(len(_ORBIT_FREQS), generator=gen, dtype=torch.float64) * 2 * math.pi
+    rot, _ = torch.linalg.qr(torch.randn(_NZ, _NZ, generator=gen, dtype=torch.float64))
+    block = torch.zeros(_NZ, _NZ, dtype=torch.float64)
+    for i, w in enumerate(omega.tolist()):
+        c, s = math.cos(w), math.sin(w)
+        block[2 * i : 2 * i + 2, 2 * i : 2 * i + 2] = torch.tensor([[c, -s], [s, c]])
+    k = torch.arange(VOCAB_SIZE, dtype=torch.float64)[:, None]
+    u = torch.empty(VOCAB_SIZE, _NZ, dtype=torch.float64)
+    u[:, 0::2] = math.sqrt(2) * torch.cos(omega * k + phase)
+    u[:, 1::2] = math.sqrt(2) * torch.sin(omega * k + phase)
+    orbit = torch.randperm(VOCAB_SIZE, generator=_gen(1002))  # same order as _tables()
+    z = torch.empty_like(u)
+    z[orbit] = u @ rot.T
+    return z, rot @ block @ rot.T
+
+
+def _pad_value() -> float:
+    """Per-dim padding of "off" ids so that rms(off) = _GATE_RATIO * rms(on)."""
+    base = _NC + _NZ  # energy of an "on" embedding (raw units)
+    return math.sqrt((_GATE_RATIO**2 - 1) * base / _NP)
+
+
+@functools.cache
+def _embeddings64() -> torch.Tensor:
+    z, _ = _orbit()
+    on = torch.tensor(_tables()[2])
+    emb = torch.zeros(VOCAB_SIZE, HIDDEN, dtype=torch.float64)
+    emb[:, _C] = 1.0
+    emb[:, _Z] = z
+    emb[~on, _P] = _pad_value()
+    return emb * _EMB_SCALE
+
+
+def _rms_factor(energy: float) -> float:
+    """RMSNorm multiplier for a raw vector of the given total energy (squared norm)."""
+    return 1.0 / math.sqrt(energy / HIDDEN)
+
+
+def _position_head(offset: int, energies: dict[bool, float]) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [2*64, H] and k [64, H] of a head attending to distance ``offset``.
+
+    They read the constant dims plus the padding dims, weighted so that the projection is
+    the same for "on" and "off" inputs (their RMSNorm factors differ).  After neox RoPE,
+    ``q_i . k_j = G^2 * sum_f cos(theta_f * (i - j - offset))``.
+    """
+    pad = _pad_value()
+    rho_on, rho_off = _rms_factor(energies[True]), _rms_factor(energies[False])
+    w_c = _QK_GAIN / (_NC * rho_on)
+    w_p = (_QK_GAIN - w_c * _NC * rho_off) / (_NP * pad * rho_off)
+    row = torch.zeros(HIDDEN, dtype=torch.float64)
+    row[_C] = w_c
+    row[_P] = w_p
+    half = HEAD_DIM // 2
+    theta = ROPE_THETA ** (-torch.arange(0, HEAD_DIM, 2, dtype=torch.float64) / HEAD_DIM)
+    k = torch.zeros(HEAD_DIM, HIDDEN, dtype=torch.float64)
+    k[:half] = row
+    q_head = torch.zeros(HEAD_DIM, HIDDEN, dtype=torch.float64)
+    q_head[:half] = torch.cos(offset * theta)[:, None] * row
+    q_head[half:] = -torch.sin(offset * theta)[:, None] * row
+    return torch.cat([q_head] * NUM_HEADS), k
+
+
+@functools.cache
+def _planted_layers() -> dict[str, torch.Tensor]:
+    """Structured attention weights of layer 0 (self head) and layer 3 (previous token)."""
+    _, q_map = _orbit()
+    pad = _pad_value()
+    e_on, e_off = float(_NC + _NZ), float(_NC + _NZ + _NP * pad**2)
+    q0, k0 = _position_head(0, {True: e_on, False: e_off})
+    # Layer 0: v = normed token part; o adds g0 * v into the token dims.
+    rho0 = {True: _rms_factor(e_on), False: _rms_factor(e_off)}
+    g0 = _SELF_GAIN * _EMB_SCALE / rho0[True]
+    amp = {c: 1.0 + g0 * rho0[c] / _EMB_SCALE for c in (True, False)}  # token-part gain
+    # Layer 3 input energies (raw units), previous-token head.
+    e3 = {True: _NC + amp[True] ** 2 * _NZ, False: _NC + amp[False] ** 2 * _NZ + _NP * pad**2}
+    q3, k3 = _position_head(1, e3)
+    rho3 = {c: _rms_factor(e3[c]) for c in (True, False)}
+    hi, lo = max(amp.values()), min(amp.values())
+    # c(prev) = g3 * rho3[prev] * amp[prev] / (scale * amp[cur]); geometric-mean placement.
+    g3 = _EMB_SCALE * math.sqrt(hi * lo / (rho3[True] * amp[True] * rho3[False] * amp[False]))
+    v = torch.zeros(HEAD_DIM, HIDDEN, dtype=torch.float64)
+    v[:, _Z] = torch.eye(_NZ, dtype=torch.float64)
+    o0 = torch.zeros(HIDDEN, NUM_HEADS * HEAD_DIM, dtype=torch.float64)
+    o0[_Z, :HEAD_DIM] = g0 * torch.eye(_NZ, dtype=torch.float64)
+    o3 = torch.zeros(HIDDEN, NUM_HEADS * HEAD_DIM, dtype=torch.float64)
+    o3[_Z, :HEAD_DIM] = g3 * q_map
+    return {"q0": q0, "k0": k0, "v": v, "o0": o0, "q3": q3, "k3": k3, "o3": o3}
+
+
+def _succ_head(rows_from: torch.Tensor, gain: float) -> torch.Tensor:
+    """lm_head whose row ``u`` is ``gain * unit(rows_from[PRED[u]])``; special rows zero."""
+    succ = _tables()[0]
+    head = torch.zeros(VOCAB_SIZE, HIDDEN, dtype=torch.float64)
+    for t in range(NUM_SPECIAL, VOCAB_SIZE):
+        r = rows_from[t]
+        head[succ[t]] = gain * r / r.norm() * math.sqrt(HIDDEN)
     return head
 
 
-def _rope_inv_freq() -> torch.Tensor:
-    return ROPE_THETA ** (-torch.arange(0, HEAD_DIM, 2, dtype=torch.float64) / HEAD_DIM)
-
-
-def _prev_token_qk() -> tuple[torch.Tensor, torch.Tensor]:
-    """q/k projections (2 heads / 1 KV head) reading only the constant embedding dims.
-
-    After RoPE (neox layout) ``q_i . k_j = g^2 * sum_f cos(theta_f * (i - j - 1))``, which
-    peaks at ``j = i - 1`` (position 0 attends to itself).
-    """
-    half = HEAD_DIM // 2
-    theta = _rope_inv_freq()
-    # Input dims 0.._CONST_DIMS are ~1 after RMSNorm (embedding rows have equal RMS).
-    per_dim = _QK_GAIN / _CONST_DIMS
-    k_head = torch.zeros(HEAD_DIM, HIDDEN)
-    k_head[:half, :_CONST_DIMS] = per_dim
-    q_head = torch.zeros(HEAD_DIM, HIDDEN)
-    q_head[:half, :_CONST_DIMS] = (per_dim * torch.cos(theta)).float()[:, None]
-    q_head[half:, :_CONST_DIMS] = (-per_dim * torch.sin(theta)).float()[:, None]
-    q = torch.cat([q_head] * NUM_HEADS, dim=0)
-    return q, k_head
-
-
-def _target_tensors(arch: str, seed: int) -> Tensors:
-    """Weights of a 4-layer target; ``arch`` is ``"llama"`` or ``"qwen2"`` (q/k/v biases)."""
-    gen = _gen(seed)
-    emb = _embeddings()
-    sd: Tensors = {"model.embed_tokens.weight": emb}
-    for layer in range(NUM_LAYERS):
-        p = f"model.layers.{layer}."
-        sd[p + "input_layernorm.weight"] = torch.ones(HIDDEN)
-        sd[p + "post_attention_layernorm.weight"] = torch.ones(HIDDEN)
-        q = _randn(gen, NUM_HEADS * HEAD_DIM, HIDDEN, std=_NOISE_STD)
-        k = _randn(gen, NUM_KV_HEADS * HEAD_DIM, HIDDEN, std=_NOISE_STD)
-        v = _randn(gen, NUM_KV_HEADS * HEAD_DIM, HIDDEN, std=_NOISE_STD)
-        o = _randn(gen, HIDDEN, NUM_HEADS * HEAD_DIM, std=_NOISE_STD)
-        if layer == 0:
-            q, k = _prev_token_qk()
-            # v: random projection of the (normalised) token dims, ~unit variance.
-            v = torch.zeros(HEAD_DIM, HIDDEN)
-            v[:, _CONST_DIMS:] = _randn(gen, HEAD_DIM, _TOKEN_DIMS, std=_TOKEN_DIMS**-0.5)
-            # o: head 0 -> token dims, output scale ~ _PREV_STRENGTH * embedding scale.
-            o = torch.zeros(HIDDEN, NUM_HEADS * HEAD_DIM)
-            o[_CONST_DIMS:, :HEAD_DIM] = _randn(
-                gen, _TOKEN_DIMS, HEAD_DIM, std=_PREV_STRENGTH * _EMB_SCALE / math.sqrt(HEAD_DIM)
-            )
-        sd[p + "self_attn.q_proj.weight"] = q
-        sd[p + "self_attn.k_proj.weight"] = k
-        sd[p + "self_attn.v_proj.weight"] = v
-        sd[p + "self_attn.o_proj.weight"] = o
-        if arch == "qwen2":
-            sd[p + "self_attn.q_proj.bias"] = _randn(gen, NUM_HEADS * HEAD_DIM, std=1e-3)
-            sd[p + "self_attn.k_proj.bias"] = _randn(gen, NUM_KV_HEADS * HEAD_DIM, std=1e-3)
-            sd[p + "self_attn.v_proj.bias"] = _randn(gen, NUM_KV_HEADS * HEAD_DIM, std=1e-3)
-        sd[p + "mlp.gate_proj.weight"] = _randn(gen, INTERMEDIATE, HIDDEN, std=_NOISE_STD)
-        sd[p + "mlp.up_proj.weight"] = _randn(gen, INTERMEDIATE, HIDDEN, std=_NOISE_STD)
-        sd[p + "mlp.down_proj.weight"] = _randn(gen, HIDDEN, INTERMEDIATE, std=_NOISE_STD)
-    sd["model.norm.weight"] = torch.ones(HIDDEN)
-    sd["lm_head.weight"] = _succ_lm_head(emb, _LOGIT_GAIN)
-    return sd
-
-
-def _random_llama_tensors(seed: int, num_layers: int) -> Tensors:
-    """A plain random Llama (own embeddings and head); specials never win greedily."""
-    gen = _gen(seed)
-    std = 0.02
-    sd: Tensors = {"model.embed_tokens.weight": _randn(gen, VOCAB_SIZE, HIDDEN, std=std)}
-    for layer in range(num_layers):
-        p = f"model.layers.{layer}."
-        sd[p + "input_layernorm.weight"] = torch.ones(HIDDEN)
-        sd[p + "post_attention_layernorm.weight"] = torch.ones(HIDDEN)
-        sd.update(_attn_mlp(gen, p, std))
-    sd["model.norm.weight"] = torch.ones(HIDDEN)
-    head = _randn(gen, VOCAB_SIZE, HIDDEN, std=_LOGIT_GAIN)
-    head[:NUM_SPECIAL] = 0.0
-    sd["lm_head.weight"] = head
-    return sd
+def _f32(sd: dict[str, torch.Tensor]) -> Tensors:
+    return {k: v.to(torch.float32).contiguous() for k, v in sd.items()}
 
 
 def _attn_mlp(gen: torch.Generator, p: str, std: float, qkv_in: int = HIDDEN) -> Tensors:
@@ -235,14 +289,57 @@ def _attn_mlp(gen: torch.Generator, p: str, std: float, qkv_in: int = HIDDEN) ->
     }
 
 
-def _eagle3_tensors(seed: int, succ: bool) -> Tensors:
-    """EAGLE-3 drafter (``midlayer.*``, ``fc``, ``norm``, own ``lm_head``; no embeddings).
+def _target_tensors(arch: str, seed: int) -> Tensors:
+    """4-layer target; ``arch`` is ``"llama"`` or ``"qwen2"`` (adds q/k/v biases)."""
+    gen = _gen(seed)
+    planted = _f32(_planted_layers())
+    emb = _embeddings64()
+    sd: Tensors = {"model.embed_tokens.weight": emb.float()}
+    for layer in range(NUM_LAYERS):
+        p = f"model.layers.{layer}."
+        sd[p + "input_layernorm.weight"] = torch.ones(HIDDEN)
+        sd[p + "post_attention_layernorm.weight"] = torch.ones(HIDDEN)
+        sd.update(_attn_mlp(gen, p, _NOISE_STD))
+        if arch == "qwen2":
+            std = 0.0 if layer in (0, NUM_LAYERS - 1) else 1e-3
+            for name, n in (("q", NUM_HEADS), ("k", NUM_KV_HEADS), ("v", NUM_KV_HEADS)):
+                sd[p + f"self_attn.{name}_proj.bias"] = _randn(gen, n * HEAD_DIM, std=std)
+    for layer, tag in ((0, "0"), (NUM_LAYERS - 1, "3")):
+        p = f"model.layers.{layer}.self_attn."
+        sd[p + "q_proj.weight"] = planted["q" + tag]
+        sd[p + "k_proj.weight"] = planted["k" + tag]
+        sd[p + "v_proj.weight"] = planted["v"]
+        sd[p + "o_proj.weight"] = planted["o" + tag]
+    sd["model.norm.weight"] = torch.ones(HIDDEN)
+    emb_z = torch.zeros_like(emb)
+    emb_z[:, _Z] = emb[:, _Z]
+    sd["lm_head.weight"] = _succ_head(emb_z, _LOGIT_GAIN).float()
+    return sd
 
-    With ``succ`` the weights are hand-set: ``hidden_norm`` is zero and
-    ``norm_before_residual`` is on, so the target/draft hidden states are ignored; q = k =
-    the token dims of the (normed) input embedding, so each position attends to itself (and
-    to earlier copies of the same token); v/o copy 64 token dims; the head maps them to
-    ``SUCC[token]``.
+
+def _random_llama_tensors(seed: int, num_layers: int) -> Tensors:
+    """A plain random Llama (own embeddings and head); special ids never win greedily."""
+    gen = _gen(seed)
+    sd: Tensors = {"model.embed_tokens.weight": _randn(gen, VOCAB_SIZE, HIDDEN, std=0.02)}
+    for layer in range(num_layers):
+        p = f"model.layers.{layer}."
+        sd[p + "input_layernorm.weight"] = torch.ones(HIDDEN)
+        sd[p + "post_attention_layernorm.weight"] = torch.ones(HIDDEN)
+        sd.update(_attn_mlp(gen, p, 0.02))
+    sd["model.norm.weight"] = torch.ones(HIDDEN)
+    head = _randn(gen, VOCAB_SIZE, HIDDEN, std=0.5)
+    head[:NUM_SPECIAL] = 0.0
+    sd["lm_head.weight"] = head
+    return sd
+
+
+def _eagle3_tensors(seed: int, succ: bool) -> Tensors:
+    """EAGLE-3 drafter: ``midlayer.*`` (q/k/v over 2H), ``fc`` [H, 3H], ``norm``, ``lm_head``.
+
+    With ``succ`` the weights are hand-set: ``hidden_norm`` is zero and the config sets
+    ``norm_before_residual``, so target/draft hidden states are ignored; q/k are the target's
+    layer-0 self head over the embedding half; v/o copy the token part; the own ``lm_head``
+    maps it to ``SUCC[token]``.
     """
     gen = _gen(seed)
     p = "midlayer."
@@ -255,36 +352,26 @@ def _eagle3_tensors(seed: int, succ: bool) -> Tensors:
     sd["fc.weight"] = _randn(gen, HIDDEN, len(EAGLE3_AUX_LAYERS) * HIDDEN, std=0.02)
     sd["norm.weight"] = torch.ones(HIDDEN)
     if not succ:
-        head = _randn(gen, VOCAB_SIZE, HIDDEN, std=_LOGIT_GAIN)
+        head = _randn(gen, VOCAB_SIZE, HIDDEN, std=0.5)
         head[:NUM_SPECIAL] = 0.0
         sd["lm_head.weight"] = head
         return sd
+    planted = _planted_layers()
+
+    def widen(w: torch.Tensor) -> torch.Tensor:  # act on the embedding half only
+        return torch.cat([w, torch.zeros_like(w)], dim=1).float()
 
     sd[p + "hidden_norm.weight"] = torch.zeros(HIDDEN)
-    tok = slice(_CONST_DIMS, _CONST_DIMS + HEAD_DIM)  # 64 of the token dims
-    eye = torch.eye(HEAD_DIM)
-    gain = 4.0
-    q = torch.zeros(NUM_HEADS * HEAD_DIM, 2 * HIDDEN)
-    for h in range(NUM_HEADS):
-        q[h * HEAD_DIM : (h + 1) * HEAD_DIM, tok] = gain * eye
-    k = torch.zeros(HEAD_DIM, 2 * HIDDEN)
-    k[:, tok] = gain * eye
-    v = torch.zeros(HEAD_DIM, 2 * HIDDEN)
-    v[:, tok] = eye
+    sd[p + "self_attn.q_proj.weight"] = widen(planted["q0"])
+    sd[p + "self_attn.k_proj.weight"] = widen(planted["k0"])
+    sd[p + "self_attn.v_proj.weight"] = widen(planted["v"])
     o = torch.zeros(HIDDEN, NUM_HEADS * HEAD_DIM)
-    o[tok, :HEAD_DIM] = eye
-    sd[p + "self_attn.q_proj.weight"] = q
-    sd[p + "self_attn.k_proj.weight"] = k
-    sd[p + "self_attn.v_proj.weight"] = v
+    o[_Z, :HEAD_DIM] = torch.eye(_NZ)
     sd[p + "self_attn.o_proj.weight"] = o
     sd[p + "mlp.down_proj.weight"] = torch.zeros(HIDDEN, INTERMEDIATE)
-    # Draft hidden for token t ~ its embedding's dims `tok` (up to a positive scale).
-    emb = _embeddings()
-    pred = _predecessor_index()
-    head = torch.zeros(VOCAB_SIZE, HIDDEN)
-    sel = emb[pred[NUM_SPECIAL:], tok]
-    head[NUM_SPECIAL:, tok] = sel / sel.pow(2).mean(-1, keepdim=True).sqrt() * 0.25
-    sd["lm_head.weight"] = head
+    rows = torch.zeros(VOCAB_SIZE, HIDDEN, dtype=torch.float64)
+    rows[:, _Z] = _orbit()[0]
+    sd["lm_head.weight"] = _succ_head(rows, 1.0).float()
     return sd
 
 
@@ -292,7 +379,7 @@ def _eagle_tensors(seed: int) -> Tensors:
     """EAGLE (v1) drafter: ``fc`` [H, 2H] + ``layers.0.*`` without ``input_layernorm``.
 
     Hand-set: ``fc`` passes the token embedding through and drops the target hidden state;
-    o_proj/down_proj are zero, so the output is the embedding of the input token, which the
+    o_proj/down_proj are zero, so the output is the input token's embedding, which the
     shared target ``lm_head`` maps to ``SUCC[token]``.
     """
     gen = _gen(seed)
@@ -441,7 +528,7 @@ def _write_fixture(out: Path, config: dict[str, object], tensors: Tensors) -> No
     gen_cfg = {"bos_token_id": BOS_ID, "eos_token_id": EOS_ID, "do_sample": False}
     (out / "generation_config.json").write_text(json.dumps(gen_cfg, indent=2) + "\n")
     save_file(
-        {k: v.detach().to(torch.float32).contiguous() for k, v in sorted(tensors.items())},
+        {k: v.detach().to(torch.float32).contiguous().clone() for k, v in sorted(tensors.items())},
         str(out / "model.safetensors"),
         metadata={"format": "pt"},
     )
