@@ -23,6 +23,10 @@ Per speculative round (one ``execute_model`` + ``sample_tokens`` pair):
   placeholder bookkeeping vLLM does for the last rank, and the draft tensor that
   the next step scatters into its input ids.
 
+Collectives added, once after ``load_model`` on every rank of the PP group:
+header ``all_reduce`` and, if the drafter lacks an embedding, a ``broadcast`` of
+the target's embedding from the first rank (transport.hand_over_embedding).
+
 Collectives added, per ``sample_tokens`` call, on every rank of the PP group:
 header ``all_reduce``, sampled ``broadcast``, drafts ``broadcast`` (in that
 order, on ``pp.cpu_group``; see :mod:`vllm_ppspec.transport`). The last rank
@@ -55,12 +59,17 @@ from vllm.v1.worker.gpu_model_runner import GPUModelRunner  # noqa: E402
 
 from vllm_ppspec.accounting import next_tokens_and_counts  # noqa: E402
 from vllm_ppspec.drafter_scope import isolate_drafter  # noqa: E402
-from vllm_ppspec.transport import Round, recv_round, send_round  # noqa: E402
+from vllm_ppspec.transport import (  # noqa: E402
+    Round,
+    hand_over_embedding,
+    recv_round,
+    send_round,
+)
 
 if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
 
-logger = init_logger(__name__)
+logger = init_logger("vllm.ppspec")
 
 
 class MissingStashError(RuntimeError):
@@ -167,6 +176,53 @@ class PPSpecRunnerMixin:
     def initialize_kv_cache(self, *args: Any, **kwargs: Any) -> Any:
         with self._ppspec_without_drafter():
             return super().initialize_kv_cache(*args, **kwargs)  # type: ignore[misc]
+
+    # ------------------------------------------------------------------
+    # Load time: a drafter without its own embedding gets the target's.
+    # ------------------------------------------------------------------
+    def load_model(self, *args: Any, **kwargs: Any) -> Any:
+        result = super().load_model(*args, **kwargs)  # type: ignore[misc]
+        if getattr(self, "_ppspec_active", False):
+            self._ppspec_hand_over_embedding()
+        return result
+
+    def _ppspec_hand_over_embedding(self) -> None:
+        """Give the last rank's drafter the target's token embedding.
+
+        At PP = 1 vLLM shares the target's embedding with an EAGLE/MTP drafter
+        whose checkpoint has none. Under PP the embedding lives on the first
+        stage, so vLLM loads the drafter's "separately" and a checkpoint
+        without one leaves it uninitialised. Every PP rank calls this once,
+        after vLLM's own load (see transport.hand_over_embedding).
+        """
+        pp = get_pp_group()
+        want_shape = None
+        drafter_embed = None
+        if self._ppspec_is_last:
+            draft_model = getattr(getattr(self, "drafter", None), "model", None)
+            inner = getattr(draft_model, "model", None)
+            drafter_embed = getattr(inner, "embed_tokens", None)
+            own = getattr(draft_model, "has_own_embed_tokens", True)
+            weight = getattr(drafter_embed, "weight", None)
+            if not own and isinstance(weight, torch.Tensor):
+                want_shape = (int(weight.shape[0]), int(weight.shape[1]))
+        target_weight = None
+        if pp.is_first_rank:
+            model = self.model  # type: ignore[attr-defined]
+            language_model = (
+                model.get_language_model() if hasattr(model, "get_language_model") else model
+            )
+            inner = getattr(language_model, "model", None)
+            embed = getattr(inner, "embed_tokens", None) or getattr(inner, "embedding", None)
+            target_weight = getattr(embed, "weight", None)
+        weight = hand_over_embedding(pp.cpu_group, pp.first_rank, target_weight, want_shape)
+        if weight is not None and drafter_embed is not None:
+            with torch.no_grad():
+                drafter_embed.weight.copy_(weight.to(drafter_embed.weight.dtype))
+            logger.info(
+                "vllm-ppspec: drafter uses the target's token embedding from PP rank 0 %s",
+                tuple(weight.shape),
+            )
 
     # ------------------------------------------------------------------
     # EAGLE-3 auxiliary hidden states cross PP stages in intermediate tensors.

@@ -120,3 +120,44 @@ def recv_round(
     dist.broadcast(matrix, src=src, group=group)
     dist.broadcast(draft_ids, src=src, group=group)
     return Round(matrix, draft_ids)
+
+
+def hand_over_embedding(
+    group: dist.ProcessGroup,
+    src: int,
+    weight: torch.Tensor | None,
+    want_shape: tuple[int, int] | None,
+) -> torch.Tensor | None:
+    """Load-time hand-off of the target's token embedding to the drafter's rank.
+
+    Called once by every rank of the PP group, in this order: ``all_reduce(MAX)``
+    of a 5-int header, then, only if some rank asked, ``broadcast`` from ``src``
+    (the first PP rank) of the weight as float32. The rank holding the drafter
+    passes ``want_shape`` when its drafter has no embedding of its own; the
+    first rank passes its ``weight``; other ranks pass neither. Returns the
+    weight on the asking rank, None elsewhere. A shape disagreement raises
+    :class:`RoundDivergenceError` on every rank before the broadcast.
+    """
+    rows, cols = want_shape if want_shape is not None else (0, 0)
+    have_rows, have_cols = tuple(weight.shape) if weight is not None else (0, 0)
+    header = torch.tensor(
+        [int(want_shape is not None), rows, cols, have_rows, have_cols], dtype=torch.int64
+    )
+    dist.all_reduce(header, op=dist.ReduceOp.MAX, group=group)
+    wanted, rows, cols, have_rows, have_cols = (int(x) for x in header)
+    if not wanted:
+        return None
+    if (rows, cols) != (have_rows, have_cols):
+        raise RoundDivergenceError(
+            f"the drafter's token embedding has shape [{rows}, {cols}] but the target's "
+            f"first PP stage holds [{have_rows}, {have_cols}]; use a drafter built for "
+            "this target (same vocabulary and hidden size) or one whose checkpoint "
+            "includes its own embed_tokens weight"
+        )
+    buf = (
+        weight.detach().to(device="cpu", dtype=torch.float32).contiguous()
+        if weight is not None
+        else torch.empty((rows, cols), dtype=torch.float32)
+    )
+    dist.broadcast(buf, src=src, group=group)
+    return buf if want_shape is not None else None
