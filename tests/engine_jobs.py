@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -47,19 +49,33 @@ def run_job(job: dict[str, Any], timeout: float = 600) -> JobResult:
         job_path = Path(d) / "job.json"
         out_path = Path(d) / "out.json"
         job_path.write_text(json.dumps(job))
-        try:
-            proc = subprocess.run(
+        log_path = Path(d) / "log.txt"
+        with open(log_path, "w") as log_file:
+            # A new session, so that the engine core and workers vLLM spawns
+            # can be killed with it, whatever state they are in.
+            proc = subprocess.Popen(
                 [sys.executable, "-m", "vllm_ppspec.testing.run_offline", str(job_path),
                  str(out_path)],
-                capture_output=True, text=True, timeout=timeout,
+                stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
             )
-            code, log = proc.returncode, proc.stdout + proc.stderr
-        except subprocess.TimeoutExpired as e:
-            out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-            err = e.stderr.decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
-            return JobResult(-9, None, out + err + f"\nTIMEOUT after {timeout}s")
+            try:
+                code = proc.wait(timeout=timeout)
+                note = ""
+            except subprocess.TimeoutExpired:
+                code, note = -9, f"\nTIMEOUT after {timeout}s"
+            finally:
+                kill_session(proc.pid)
+        log = log_path.read_text(errors="replace") + note
         result = json.loads(out_path.read_text()) if out_path.exists() else None
         return JobResult(code, result, log)
+
+
+def kill_session(pid: int) -> None:
+    """Kill every process left in the session led by ``pid``."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def job(model: str, pp: int = 1, spec: dict[str, Any] | None = None, *,

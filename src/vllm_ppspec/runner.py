@@ -256,7 +256,37 @@ class PPSpecRunnerMixin:
     def _update_states(self, scheduler_output: SchedulerOutput) -> Any:
         deferred = super()._update_states(scheduler_output)  # type: ignore[misc]
         self._ppspec_deferred = deferred
+        if (
+            getattr(self, "_ppspec_active", False)
+            and not self._ppspec_is_last
+            and self.use_async_scheduling
+        ):
+            self._ppspec_trim_optimistic_outputs(scheduler_output)
         return deferred
+
+    def _ppspec_trim_optimistic_outputs(self, scheduler_output: SchedulerOutput) -> None:
+        """Drop the optimistic placeholders of rejected drafts, as the last rank does.
+
+        Under async scheduling vLLM extends each request's output by the number
+        of drafts it scheduled, assuming all are accepted, and on the last rank
+        cuts it back to the scheduler's ``num_output_tokens``. That cut is in the
+        last-rank branch only; without it a non-last rank's ``num_tokens``
+        grows with every rejected draft, and ``_prepare_inputs`` then marks
+        decoding requests as partial prefills, feeding them stale token ids.
+        """
+        req_data = scheduler_output.scheduled_cached_reqs
+        batch = self.input_batch
+        for i, req_id in enumerate(req_data.req_ids):
+            req_state = self.requests.get(req_id)
+            num_output_tokens = req_data.num_output_tokens[i]
+            if req_state is None or num_output_tokens >= len(req_state.output_token_ids):
+                continue
+            del req_state.output_token_ids[num_output_tokens:]
+            req_index = batch.req_id_to_index.get(req_id)
+            if req_index is not None:
+                batch.num_tokens_no_spec[req_index] = (
+                    batch.num_prompt_tokens[req_index] + num_output_tokens
+                )
 
     def execute_model(
         self,

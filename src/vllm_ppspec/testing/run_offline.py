@@ -99,12 +99,14 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     ]
     outs = llm.generate(prompts, params, use_tqdm=False)
     t2 = time.perf_counter()
-    return {
+    result = {
         "outputs": [list(o.outputs[0].token_ids) for o in outs],
         "spec": spec_metrics(llm) if job.get("spec") else None,
         "startup_s": round(t1 - t0, 2),
         "generate_s": round(t2 - t1, 3),
     }
+    llm.llm_engine.engine_core.shutdown()  # stop the engine core and its workers
+    return result
 
 
 def main() -> None:
@@ -114,9 +116,6 @@ def main() -> None:
     result = run(job)
     with open(out_path, "w") as f:
         json.dump(result, f)
-    # vLLM's engine shutdown can be slow; the result is on disk.
-    sys.stdout.flush()
-    os._exit(0)
 
 
 if __name__ == "__main__":

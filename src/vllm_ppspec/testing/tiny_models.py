@@ -102,10 +102,14 @@ _NOISE_STD = 0.01  # unstructured random weights in the targets
 _LOGIT_GAIN = 2.0  # lm_head scale
 # 32 orbit frequencies (multiples of 2*pi/512) picked so that max |cos| between two
 # different token vectors is 0.27.
-_ORBIT_FREQS = (6, 15, 29, 30, 34, 42, 44, 47, 89, 93, 106, 111, 113, 114, 121, 124,
-                135, 137, 144, 148, 150, 153, 154, 162, 190, 192, 194, 205, 237, 242, 249, 253)
+_ORBIT_FREQS = tuple(
+    int(f)
+    for f in "6 15 29 30 34 42 44 47 89 93 106 111 113 114 121 124 "
+    "135 137 144 148 150 153 154 162 190 192 194 205 237 242 249 253".split()
+)
 
 Tensors = dict[str, torch.Tensor]
+Spec = Callable[[], tuple[dict[str, object], Tensors]]
 
 
 def _gen(seed: int) -> torch.Generator:
@@ -474,7 +478,7 @@ def _qwen2_mimo_config() -> dict[str, object]:
     return d
 
 
-def _fixture_specs() -> dict[str, Callable[[], tuple[dict[str, object], Tensors]]]:
+def _fixture_specs() -> dict[str, Spec]:
     eagle3_extra: dict[str, object] = {
         "architectures": ["LlamaForCausalLMEagle3"],
         "draft_vocab_size": VOCAB_SIZE,
@@ -543,7 +547,7 @@ def _is_complete(path: Path) -> bool:
         return False
 
 
-def _build_one(root: Path, name: str, make: Callable[[], tuple[dict[str, object], Tensors]]) -> Path:
+def _build_one(root: Path, name: str, make: Spec) -> Path:
     final = root / name
     if _is_complete(final):
         return final
@@ -570,7 +574,10 @@ def _build_one(root: Path, name: str, make: Callable[[], tuple[dict[str, object]
 
 
 def build_all(root: str | os.PathLike[str]) -> dict[str, str]:
-    """Build (or reuse if already built and complete) every fixture under root; return {name: path}."""
+    """Build (or reuse if already built and complete) every fixture under root.
+
+    Returns ``{name: path}`` for every name in :data:`FIXTURES`.
+    """
     root_path = Path(root).resolve()
     root_path.mkdir(parents=True, exist_ok=True)
     specs = _fixture_specs()

