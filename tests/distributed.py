@@ -31,8 +31,9 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _child(fn: Callable[[int, int], Any], rank: int, world: int, port: int,
-           vllm_groups: bool, q: Any) -> None:
+def _child(
+    fn: Callable[[int, int], Any], rank: int, world: int, port: int, vllm_groups: bool, q: Any
+) -> None:
     try:
         os.environ["MASTER_ADDR"] = "127.0.0.1"
         os.environ["MASTER_PORT"] = str(port)
@@ -46,29 +47,34 @@ def _child(fn: Callable[[int, int], Any], rank: int, world: int, port: int,
 
             with set_current_vllm_config(VllmConfig()):
                 init_distributed_environment(
-                    world_size=world, rank=rank, local_rank=rank,
-                    distributed_init_method=f"tcp://127.0.0.1:{port}", backend="gloo",
+                    world_size=world,
+                    rank=rank,
+                    local_rank=rank,
+                    distributed_init_method=f"tcp://127.0.0.1:{port}",
+                    backend="gloo",
                 )
                 initialize_model_parallel(pipeline_model_parallel_size=world)
         else:
             import torch.distributed as dist
 
-            dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
-                                    world_size=world, rank=rank)
+            dist.init_process_group(
+                "gloo", init_method=f"tcp://127.0.0.1:{port}", world_size=world, rank=rank
+            )
         value = fn(rank, world)
         q.put(RankResult(rank, value=value))
     except BaseException as e:  # noqa: BLE001 - reported to the parent
-        q.put(RankResult(rank, error=type(e).__name__,
-                         message=f"{e}\n{traceback.format_exc()}"))
+        q.put(RankResult(rank, error=type(e).__name__, message=f"{e}\n{traceback.format_exc()}"))
 
 
-def run_ranks(fn: Callable[[int, int], Any], world: int = 2, timeout: float = 60.0,
-              vllm_groups: bool = False) -> list[RankResult]:
+def run_ranks(
+    fn: Callable[[int, int], Any], world: int = 2, timeout: float = 60.0, vllm_groups: bool = False
+) -> list[RankResult]:
     ctx = mp.get_context("fork")
     q = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_child, args=(fn, r, world, port, vllm_groups, q))
-             for r in range(world)]
+    procs = [
+        ctx.Process(target=_child, args=(fn, r, world, port, vllm_groups, q)) for r in range(world)
+    ]
     for p in procs:
         p.start()
     results: dict[int, RankResult] = {}

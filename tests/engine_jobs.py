@@ -54,9 +54,16 @@ def run_job(job: dict[str, Any], timeout: float = 600) -> JobResult:
             # A new session, so that the engine core and workers vLLM spawns
             # can be killed with it, whatever state they are in.
             proc = subprocess.Popen(
-                [sys.executable, "-m", "vllm_ppspec.testing.run_offline", str(job_path),
-                 str(out_path)],
-                stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
+                [
+                    sys.executable,
+                    "-m",
+                    "vllm_ppspec.testing.run_offline",
+                    str(job_path),
+                    str(out_path),
+                ],
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
             try:
                 code = proc.wait(timeout=timeout)
@@ -78,9 +85,16 @@ def kill_session(pid: int) -> None:
         pass
 
 
-def job(model: str, pp: int = 1, spec: dict[str, Any] | None = None, *,
-        async_scheduling: bool | None = None, worker: str = "ppspec",
-        requests: list[dict[str, Any]] | None = None, **extra: Any) -> dict[str, Any]:
+def job(
+    model: str,
+    pp: int = 1,
+    spec: dict[str, Any] | None = None,
+    *,
+    async_scheduling: bool | None = None,
+    worker: str = "ppspec",
+    requests: list[dict[str, Any]] | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
     return {
         "model": model,
         "pp": pp,

@@ -17,7 +17,9 @@ register()
 def _config(model: str, **kwargs):
     from vllm.engine.arg_utils import EngineArgs
 
-    return EngineArgs(model=model, dtype="float32", max_model_len=256, **kwargs).create_engine_config()
+    return EngineArgs(
+        model=model, dtype="float32", max_model_len=256, **kwargs
+    ).create_engine_config()
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +43,9 @@ def test_v1_async_pp_refusal_is_lifted_for_the_plugin_worker_only(target):
 
 
 def test_cpu_platform_keeps_explicit_async_scheduling_for_the_plugin_worker(target):
-    ours = _config(target, pipeline_parallel_size=2, worker_cls=WORKER_QUALNAME,
-                   async_scheduling=True)
+    ours = _config(
+        target, pipeline_parallel_size=2, worker_cls=WORKER_QUALNAME, async_scheduling=True
+    )
     assert ours.scheduler_config.async_scheduling is True
     default = _config(target, pipeline_parallel_size=2, worker_cls=WORKER_QUALNAME)
     assert default.scheduler_config.async_scheduling is False
@@ -60,8 +63,11 @@ def test_plugin_worker_always_uses_the_v1_runner(target, monkeypatch):
 
 def test_unsupported_method_under_pp_is_refused_with_the_supported_list(target):
     with pytest.raises(ValueError) as e:
-        _config(target, pipeline_parallel_size=2, worker_cls=WORKER_QUALNAME,
-                speculative_config={"method": "medusa", "model": target,
-                                    "num_speculative_tokens": 3})
+        _config(
+            target,
+            pipeline_parallel_size=2,
+            worker_cls=WORKER_QUALNAME,
+            speculative_config={"method": "medusa", "model": target, "num_speculative_tokens": 3},
+        )
     assert "'medusa'" in str(e.value)
     assert "ngram, draft_model, eagle, eagle3, mtp" in str(e.value)

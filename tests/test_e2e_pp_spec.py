@@ -34,20 +34,32 @@ def baseline(models):
 def _spec(models, method: str) -> tuple[str, dict]:
     """(target fixture name, speculative config) for each method under test."""
     if method == "ngram":
-        return "target", {"method": "ngram", "num_speculative_tokens": K,
-                          "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+        return "target", {
+            "method": "ngram",
+            "num_speculative_tokens": K,
+            "prompt_lookup_min": 1,
+            "prompt_lookup_max": 3,
+        }
     if method == "draft_copy":
-        return "target", {"method": "draft_model", "model": models["draft_copy"],
-                          "num_speculative_tokens": K}
+        return "target", {
+            "method": "draft_model",
+            "model": models["draft_copy"],
+            "num_speculative_tokens": K,
+        }
     if method == "draft_random":
-        return "target", {"method": "draft_model", "model": models["draft_random"],
-                          "num_speculative_tokens": K}
+        return "target", {
+            "method": "draft_model",
+            "model": models["draft_random"],
+            "num_speculative_tokens": K,
+        }
     if method == "eagle3":
-        return "target", {"method": "eagle3", "model": models["eagle3_succ"],
-                          "num_speculative_tokens": K}
+        return "target", {
+            "method": "eagle3",
+            "model": models["eagle3_succ"],
+            "num_speculative_tokens": K,
+        }
     if method == "eagle":
-        return "target", {"method": "eagle", "model": models["eagle"],
-                          "num_speculative_tokens": K}
+        return "target", {"method": "eagle", "model": models["eagle"], "num_speculative_tokens": K}
     if method == "mtp":
         return "mimo", {"method": "mtp", "num_speculative_tokens": K}
     raise AssertionError(method)
@@ -74,8 +86,7 @@ CASES = [
 @pytest.mark.parametrize("method,mode", CASES)
 def test_pp2_spec_matches_pp1_without_spec(models, baseline, method, mode):
     target, spec = _spec(models, method)
-    res = run_job(job(models[target], pp=2, spec=spec,
-                      async_scheduling=(mode == "async")))
+    res = run_job(job(models[target], pp=2, spec=spec, async_scheduling=(mode == "async")))
     assert res.returncode == 0, res.log[-8000:]
     assert res.outputs == baseline[target]
     _check_acceptance(method, res.result["spec"])
@@ -91,12 +102,19 @@ def test_pp3_draft_model_matches_pp1_without_spec(models, baseline):
 
 def test_temperature_one_requests_complete_beside_greedy_ones(models, baseline):
     target, spec = _spec(models, "eagle3")
-    res = run_job(job(models[target], pp=2, spec=spec, async_scheduling=True,
-                      requests=GREEDY_REQUESTS + SAMPLED_REQUESTS))
+    res = run_job(
+        job(
+            models[target],
+            pp=2,
+            spec=spec,
+            async_scheduling=True,
+            requests=GREEDY_REQUESTS + SAMPLED_REQUESTS,
+        )
+    )
     assert res.returncode == 0, res.log[-8000:]
     outs = res.outputs
     assert outs[: len(GREEDY_REQUESTS)] == baseline[target]
-    for req, out in zip(SAMPLED_REQUESTS, outs[len(GREEDY_REQUESTS):], strict=True):
+    for req, out in zip(SAMPLED_REQUESTS, outs[len(GREEDY_REQUESTS) :], strict=True):
         assert len(out) == req["max_tokens"]
         assert all(0 <= t < 512 for t in out)
 

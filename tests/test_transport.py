@@ -9,15 +9,12 @@ from __future__ import annotations
 
 import time
 
-import pytest
 import torch
 import torch.distributed as dist
 
 from tests.distributed import run_ranks
 from vllm_ppspec.accounting import next_tokens_and_counts
 from vllm_ppspec.transport import RoundDivergenceError, recv_round, send_round
-
-
 
 K = 3
 LAST = 1

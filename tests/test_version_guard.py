@@ -43,12 +43,8 @@ def test_missing_private_name_is_reported(monkeypatch):
 
 
 def test_importing_the_worker_under_another_version_fails_with_the_message():
-    code = (
-        "import vllm; vllm.__version__ = '0.31.9'\n"
-        "import vllm_ppspec.worker\n"
-    )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=300)
+    code = "import vllm; vllm.__version__ = '0.31.9'\nimport vllm_ppspec.worker\n"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0
     assert "VLLMVersionError" in proc.stderr
     assert "supports vLLM 0.32.0 only; found vLLM 0.31.9" in proc.stderr
@@ -59,7 +55,6 @@ def test_plugin_register_refuses_another_version():
         "import vllm; vllm.__version__ = '0.40.0'\n"
         "from vllm_ppspec.plugin import register; register()\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0
     assert "found vLLM 0.40.0" in proc.stderr

@@ -27,8 +27,7 @@ def pad_sampled(sampled: torch.Tensor, num_spec_tokens: int) -> torch.Tensor:
     rows, cols = sampled.shape
     if cols > width:
         raise ValueError(
-            f"sampled token ids have {cols} columns, more than num_speculative_tokens + 1"
-            f" = {width}"
+            f"sampled token ids have {cols} columns, more than num_speculative_tokens + 1 = {width}"
         )
     out = torch.full((rows, width), PAD_ID, dtype=torch.int32)
     out[:, :cols] = sampled.to(device="cpu", dtype=torch.int32)

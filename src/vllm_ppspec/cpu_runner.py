@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_ppspec.runner import PPSpecRunnerMixin  # runs the version guard first
-
 from vllm.distributed.parallel_state import get_pp_group  # noqa: E402
 from vllm.v1.worker.cpu_model_runner import CPUModelRunner  # noqa: E402
+
+from vllm_ppspec.runner import PPSpecRunnerMixin  # runs the version guard first
 
 
 class PPSpecCPUModelRunner(PPSpecRunnerMixin, CPUModelRunner):
@@ -23,7 +23,7 @@ class PPSpecCPUModelRunner(PPSpecRunnerMixin, CPUModelRunner):
         # vLLM allocates the receive buffer of a non-first PP rank in its warm-up
         # dummy run, which the CPU worker skips in eager mode (and with
         # VLLM_CPU_CI_ENV). Allocate it on first use instead.
-        if self.intermediate_tensors is None and not get_pp_group().is_first_rank:
+        if getattr(self, "intermediate_tensors", None) is None and not get_pp_group().is_first_rank:
             self.intermediate_tensors = self.model.make_empty_intermediate_tensors(
                 batch_size=self.max_num_tokens,
                 dtype=self.model_config.dtype,

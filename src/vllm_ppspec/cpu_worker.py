@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import vllm_ppspec.cpu_runner as _cpu_runner  # runs the version guard first
-
 import vllm.v1.worker.cpu_worker as _vllm_cpu_worker  # noqa: E402
 from vllm.v1.worker.cpu_worker import CPUWorker  # noqa: E402
+
+import vllm_ppspec.cpu_runner as _cpu_runner  # runs the version guard first
 
 
 class PPSpecCPUWorker(CPUWorker):

@@ -58,7 +58,10 @@ class Server:
         print(f"$ {' '.join(cmd)}", flush=True)
         self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
-            cmd, stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, **env},
+            cmd,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **env},
             start_new_session=True,
         )
 
@@ -109,7 +112,10 @@ def complete_all(base_url: str, model: str) -> list[dict[str, Any]]:
 
     def one(i: int) -> dict[str, Any]:
         resp = client.completions.create(
-            model=model, prompt=PROMPTS[i], max_tokens=MAX_TOKENS[i], temperature=0.0,
+            model=model,
+            prompt=PROMPTS[i],
+            max_tokens=MAX_TOKENS[i],
+            temperature=0.0,
             extra_body={"return_token_ids": True, "ignore_eos": True},
         )
         choice = resp.choices[0]
@@ -122,23 +128,32 @@ def complete_all(base_url: str, model: str) -> list[dict[str, Any]]:
 
 def spec_args(method: str, k: int, models: dict[str, str]) -> tuple[str, dict[str, Any]]:
     if method == "eagle3":
-        return models["target"], {"method": "eagle3", "model": models["eagle3_succ"],
-                                  "num_speculative_tokens": k}
+        return models["target"], {
+            "method": "eagle3",
+            "model": models["eagle3_succ"],
+            "num_speculative_tokens": k,
+        }
     if method == "draft_model":
-        return models["target"], {"method": "draft_model", "model": models["draft_copy"],
-                                  "num_speculative_tokens": k}
+        return models["target"], {
+            "method": "draft_model",
+            "model": models["draft_copy"],
+            "num_speculative_tokens": k,
+        }
     if method == "mtp":
         return models["mimo"], {"method": "mtp", "num_speculative_tokens": k}
     if method == "ngram":
-        return models["target"], {"method": "ngram", "num_speculative_tokens": k,
-                                  "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+        return models["target"], {
+            "method": "ngram",
+            "num_speculative_tokens": k,
+            "prompt_lookup_min": 1,
+            "prompt_lookup_max": 3,
+        }
     raise SystemExit(f"unknown method {method!r}")
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--method", default="eagle3",
-                   choices=["eagle3", "draft_model", "mtp", "ngram"])
+    p.add_argument("--method", default="eagle3", choices=["eagle3", "draft_model", "mtp", "ngram"])
     p.add_argument("-k", "--num-speculative-tokens", type=int, default=3)
     p.add_argument("--async-scheduling", action="store_true")
     p.add_argument("--models-dir", default=str(REPO / ".cache" / "models"))
@@ -150,13 +165,21 @@ def main(argv: list[str] | None = None) -> int:
     model, spec = spec_args(args.method, args.num_speculative_tokens, models)
     log_dir = REPO / ".cache" / "demo"
     log_dir.mkdir(parents=True, exist_ok=True)
-    common = ["--dtype", "float32", "--max-model-len", "512", "--enforce-eager",
-              "--served-model-name", "tiny"]
+    common = [
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        "512",
+        "--enforce-eager",
+        "--served-model-name",
+        "tiny",
+    ]
     env = {"VLLM_CPU_KVCACHE_SPACE": "1"}
 
     print("== reference: vllm serve, PP=1, no speculative decoding", flush=True)
-    ref = Server("pp1-nospec", [model, *common], {**env, "VLLM_CPU_OMP_THREADS_BIND": "auto"},
-                 log_dir)
+    ref = Server(
+        "pp1-nospec", [model, *common], {**env, "VLLM_CPU_OMP_THREADS_BIND": "auto"}, log_dir
+    )
     try:
         print(f"ready in {ref.wait_ready():.0f}s", flush=True)
         expected = complete_all(ref.base, "tiny")
@@ -164,13 +187,26 @@ def main(argv: list[str] | None = None) -> int:
         ref.stop()
 
     mode = ["--async-scheduling"] if args.async_scheduling else []
-    print(f"== vllm serve, PP=2 + {args.method} (k={args.num_speculative_tokens}), "
-          f"{'async' if mode else 'sync'} scheduling, worker {WORKER_QUALNAME}", flush=True)
+    print(
+        f"== vllm serve, PP=2 + {args.method} (k={args.num_speculative_tokens}), "
+        f"{'async' if mode else 'sync'} scheduling, worker {WORKER_QUALNAME}",
+        flush=True,
+    )
     srv = Server(
         "pp2-spec",
-        [model, *common, "--pipeline-parallel-size", "2", "--distributed-executor-backend",
-         "mp", "--speculative-config", json.dumps(spec), "--worker-cls", WORKER_QUALNAME,
-         *mode],
+        [
+            model,
+            *common,
+            "--pipeline-parallel-size",
+            "2",
+            "--distributed-executor-backend",
+            "mp",
+            "--speculative-config",
+            json.dumps(spec),
+            "--worker-cls",
+            WORKER_QUALNAME,
+            *mode,
+        ],
         {**env, "VLLM_CPU_OMP_THREADS_BIND": "0|1"},
         log_dir,
     )
@@ -189,14 +225,18 @@ def main(argv: list[str] | None = None) -> int:
         ok &= same
         print(f"\n[{i}] prompt: {PROMPTS[i][:60]}{'...' if len(PROMPTS[i]) > 60 else ''}")
         print(f"    PP=2+spec: {g['text'].strip()}")
-        print(f"    token ids {'MATCH' if same else 'DIFFER from'} PP=1 no-spec"
-              + ("" if same else f"\n    expected: {e['token_ids']}\n    got:      {g['token_ids']}"))
+        print(
+            f"    token ids {'MATCH' if same else 'DIFFER from'} PP=1 no-spec"
+            + ("" if same else f"\n    expected: {e['token_ids']}\n    got:      {g['token_ids']}")
+        )
     accepted = metrics.get("vllm:spec_decode_num_accepted_tokens_total", 0.0)
     drafts = metrics.get("vllm:spec_decode_num_draft_tokens_total", 0.0)
     rounds = metrics.get("vllm:spec_decode_num_drafts_total", 0.0)
     print("\n== acceptance")
-    print(f"    draft tokens proposed: {drafts:.0f}, accepted: {accepted:.0f}"
-          + (f" ({accepted / drafts:.0%})" if drafts else ""))
+    print(
+        f"    draft tokens proposed: {drafts:.0f}, accepted: {accepted:.0f}"
+        + (f" ({accepted / drafts:.0%})" if drafts else "")
+    )
     if rounds:
         print(f"    mean tokens per step (accepted + 1): {1 + accepted / rounds:.2f}")
     print(f"    {sum(len(g['token_ids'] or []) for g in got)} tokens in {elapsed:.2f}s")

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from vllm_ppspec.runner import PPSpecGPUModelRunner  # runs the version guard first
-
 from vllm.v1.worker.gpu_worker import Worker  # noqa: E402
+
+from vllm_ppspec.runner import PPSpecGPUModelRunner  # runs the version guard first
 
 
 class PPSpecGPUWorker(Worker):

@@ -87,10 +87,7 @@ def send_round(
     note = ""
     matrix = draft_ids = None
     if rows != num_reqs:
-        note = (
-            f"the last PP rank sampled {rows} rows but its input batch holds "
-            f"{num_reqs} requests"
-        )
+        note = f"the last PP rank sampled {rows} rows but its input batch holds {num_reqs} requests"
     else:
         # Shape checks happen before the header so that a bad tensor is
         # reported to every rank instead of leaving receivers in a broadcast.
@@ -108,9 +105,7 @@ def send_round(
     return Round(matrix, draft_ids)
 
 
-def recv_round(
-    group: dist.ProcessGroup, src: int, num_reqs: int, num_spec_tokens: int
-) -> Round:
+def recv_round(group: dist.ProcessGroup, src: int, num_reqs: int, num_spec_tokens: int) -> Round:
     """Non-last PP rank: receive the round; ``num_reqs`` is this rank's batch size."""
     header = _header(num_reqs, num_spec_tokens, sender_error=False)
     dist.all_reduce(header, op=dist.ReduceOp.MAX, group=group)
