@@ -11,8 +11,13 @@ from vllm_ppspec.drafter_scope import SingleStageGroupView, isolate_drafter, sin
 
 def _fake_pp_group(rank=5, world=3, rank_in_group=2):
     return SimpleNamespace(
-        rank=rank, world_size=world, rank_in_group=rank_in_group, is_first_rank=False,
-        is_last_rank=True, ranks=[3, 4, 5], cpu_group="cpu-group",
+        rank=rank,
+        world_size=world,
+        rank_in_group=rank_in_group,
+        is_first_rank=False,
+        is_last_rank=True,
+        ranks=[3, 4, 5],
+        cpu_group="cpu-group",
     )
 
 

@@ -68,7 +68,9 @@ def _spec(models, method: str) -> tuple[str, dict]:
 def _check_acceptance(method: str, spec: dict | None) -> None:
     assert spec is not None and spec["drafts"] > 0, spec
     if method == "draft_copy":
-        assert spec["accepted"] == spec["drafts"], spec  # every round fully accepted
+        # Every round fully accepted. vLLM (stock too, PP=1) sometimes counts one
+        # extra all-rejected round when a one-token prompt joins the batch.
+        assert spec["drafts"] - spec["accepted"] <= K, spec
     elif method == "draft_random":
         assert spec["accepted"] < spec["drafts"] // 4, spec  # mostly rejected
     elif method in ("eagle3", "eagle", "mtp"):

@@ -6,11 +6,16 @@ of layers; ``LlamaModel.forward`` expects intermediate tensors on a non-first
 rank). A drafter is a whole model living on one rank, so while it is built and
 while it runs, :func:`single_stage_pp` shows it a PP group of size one. No
 collective is issued on that view; everything but the stage layout is the real
-group.
+group. The config the drafter is built from gets a copy of the parallel config
+with ``pipeline_parallel_size = 1`` too (EAGLE's Llama head names its layers
+after ``get_num_layers(parallel_config)``: under PP that is the last stage's
+share, and the names collide with the target's layers on that stage).
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import functools
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -71,14 +76,29 @@ def _in_single_stage(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+def _single_stage_config(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        vllm_config = fn(*args, **kwargs)
+        parallel_config = copy.copy(vllm_config.parallel_config)
+        parallel_config.pipeline_parallel_size = 1
+        return dataclasses.replace(vllm_config, parallel_config=parallel_config)
+
+    return wrapper
+
+
 def isolate_drafter(drafter: Any) -> None:
-    """Make ``drafter`` build and run its model under :func:`single_stage_pp`.
+    """Make ``drafter`` build and run its model as a single PP stage.
 
     Wraps the bound methods on this one instance; the class is untouched.
     """
+    if getattr(drafter, "_ppspec_isolated", False):
+        return
+    drafter._ppspec_isolated = True
+    create = getattr(drafter, "_create_draft_vllm_config", None)
+    if create is not None:
+        drafter._create_draft_vllm_config = _single_stage_config(create)
     for name in DRAFTER_MODEL_METHODS:
         method = getattr(drafter, name, None)
-        if method is not None and not getattr(method, "_ppspec_single_stage", False):
-            wrapped = _in_single_stage(method)
-            wrapped._ppspec_single_stage = True  # type: ignore[attr-defined]
-            setattr(drafter, name, wrapped)
+        if method is not None:
+            setattr(drafter, name, _in_single_stage(method))

@@ -12,7 +12,7 @@ vLLM's default), ``async_scheduling`` (true/false/null), ``enforce_eager``,
 ``{"prompt_token_ids": [...], "max_tokens": n, "temperature": t, "seed": s}``.
 
 Output: ``{"outputs": [[token ids] per request], "spec": {"accepted", "drafts",
-"steps"} or null, "startup_s", "generate_s"}``.
+"steps"} or null, "startup_s", "generate_s", "worker_rss_mb"}``.
 """
 
 from __future__ import annotations
@@ -53,6 +53,21 @@ def spec_metrics(llm: Any) -> dict[str, int] | None:
         "drafts": values.get("draft_tokens", 0),
         "steps": values.get("drafts", 0),
     }
+
+
+def worker_rss_mb() -> dict[str, float]:
+    """Resident memory of the vLLM worker processes (name -> MiB)."""
+    import psutil
+
+    out: dict[str, float] = {}
+    for child in psutil.Process().children(recursive=True):
+        try:
+            name = child.name()
+            if "Worker" in name or "VLLM" in name:
+                out[f"{name}:{child.pid}"] = round(child.memory_info().rss / 2**20, 1)
+        except psutil.Error:
+            continue
+    return out
 
 
 def run(job: dict[str, Any]) -> dict[str, Any]:
@@ -100,6 +115,7 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     outs = llm.generate(prompts, params, use_tqdm=False)
     t2 = time.perf_counter()
     result = {
+        "worker_rss_mb": worker_rss_mb(),
         "outputs": [list(o.outputs[0].token_ids) for o in outs],
         "spec": spec_metrics(llm) if job.get("spec") else None,
         "startup_s": round(t1 - t0, 2),

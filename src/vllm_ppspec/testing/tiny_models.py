@@ -27,15 +27,19 @@ Random transformers with planted, wide-margin structure (see :func:`greedy_refer
   for ``SUCC[t]`` (``SUCC``: one random cycle over the 509 non-special ids).
 * Embeddings of 512 ids lie on one orbit of an orthogonal map ``Q``: ``Q z[s] = z[PI[s]]``.
   Layer 3 has a previous-token head (RoPE-only q/k, peaked at distance 1) whose value/output
-  apply ``Q``, so the previous token ``p`` votes for ``SUCC[PI[p]]`` with weight 2.0 when
-  ``p`` is "on" (a fixed third of the ids) and 0.5 otherwise (the gate works through the
-  RMSNorm: "off" ids carry extra energy in 56 padding dims).
+  apply ``Q``, so the previous token ``p`` votes for ``SUCC[PI[p]]`` with 1.9-2.5 times the
+  current token's weight when ``p`` is "on" (a fixed third of the ids) and 0.4-0.5 times
+  otherwise (the gate works through RMSNorm: "off" ids carry energy in 56 padding dims).
 * Layer 0 has a self-attention head (peaked at distance 0) that re-adds the current token.
 
-Hence greedy decoding follows ``next = SUCC[PI[p]] if ON[p] else SUCC[t]`` with top-1/top-2
-logit gaps of ~20% of the top logit, is varied (no short loops), and depends on the KV
-cache of both pipeline halves: a wrong slot, position or block table changes the output.
-The hand-set drafters are accepted exactly when the previous token is "off" (~2/3).
+Hence greedy decoding follows ``next = SUCC[PI[p]] if ON[p] else SUCC[t]`` exactly
+(top-1/top-2 logit gap >= 25% of the top logit), is varied (it cycles with periods of
+~10-50 tokens), and depends on the KV cache of both pipeline halves (layers 0 and 3): a
+wrong slot, position or block table changes the output.  A hand-set drafter proposes
+``SUCC[last token]``, right exactly when the token before the last one is "off"; with k=3
+about half of the draft tokens are accepted.  :func:`greedy_reference` and
+:func:`reference_acceptance` give the expected token ids and (accepted, drafted) counts
+without running a model.
 
 Tokenizer / EOS
 ---------------
@@ -166,11 +170,37 @@ def greedy_reference(prompt: Sequence[int], max_tokens: int) -> list[int]:
     return out
 
 
-def _draft_accepts(prompt: Sequence[int], max_tokens: int) -> float:
-    """Fraction of generated positions where a ``SUCC[token]`` drafter is right."""
-    ids = list(prompt) + greedy_reference(prompt, max_tokens)
-    hits = sum(ids[i + 1] == _tables()[0][ids[i]] for i in range(len(prompt) - 1, len(ids) - 1))
-    return hits / max_tokens
+def reference_acceptance(
+    prompt: Sequence[int], max_tokens: int, k: int, drafter: str
+) -> tuple[int, int]:
+    """(accepted, drafted) tokens of one greedy request with ``k`` speculative tokens.
+
+    ``drafter`` is ``"succ"`` (``eagle``, ``eagle3_succ``, ``mimo``'s MTP layer) or
+    ``"copy"`` (``draft_copy``).  Models vLLM's accounting: the prefill step emits one
+    token, then every round drafts ``k`` tokens until ``max_tokens`` are reached (the last
+    round is counted in full even when the request needs fewer tokens).
+    """
+    succ = _tables()[0]
+    ref = greedy_reference(prompt, max_tokens + k + 1)
+    out = ref[:1]
+    accepted = drafted = 0
+    while len(out) < max_tokens:
+        ctx = list(prompt) + out
+        drafts: list[int] = []
+        for _ in range(k):
+            if drafter == "succ":
+                drafts.append(succ[(ctx + drafts)[-1]])
+            elif drafter == "copy":
+                drafts.append(greedy_reference(ctx + drafts, 1)[0])
+            else:
+                raise ValueError(f"unknown drafter {drafter!r}")
+        n = 0
+        while n < k and drafts[n] == ref[len(out) + n]:
+            n += 1
+        accepted += n
+        drafted += k
+        out = ref[: len(out) + n + 1]
+    return accepted, drafted
 
 
 @functools.cache

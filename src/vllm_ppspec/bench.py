@@ -1,0 +1,95 @@
+"""Benchmark: PP=2 with vs without speculative decoding, measured in one run.
+
+    python -m vllm_ppspec.bench [--method eagle3|draft_model|mtp] [--async-scheduling]
+
+Runs the same greedy requests through two fresh offline engines on the tiny
+local models (PP=2 without speculation, then PP=2 + the chosen method with the
+plugin worker) and prints generation time, tokens/s, the speed ratio, acceptance,
+the worker processes' resident memory and its ratio, and whether the tokens match.
+On the CPU backend with random-weight models this measures the plugin's
+overhead and the effect of acceptance, not what a GPU deployment will see.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from vllm_ppspec.demo import REPO, spec_args
+
+REQUESTS = [{"prompt_token_ids": [5 + i, 6 + i, 7 + i, 8 + i], "max_tokens": 96} for i in range(4)]
+
+
+def run_job(job: dict[str, Any]) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as d:
+        jp, op = Path(d) / "job.json", Path(d) / "out.json"
+        jp.write_text(json.dumps(job))
+        proc = subprocess.run(
+            [sys.executable, "-m", "vllm_ppspec.testing.run_offline", str(jp), str(op)],
+            capture_output=True,
+            text=True,
+            timeout=900,
+            start_new_session=True,
+        )
+        if proc.returncode != 0 or not op.exists():
+            raise SystemExit(f"engine failed:\n{(proc.stdout + proc.stderr)[-4000:]}")
+        return dict(json.loads(op.read_text()))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--method", default="eagle3", choices=["eagle3", "draft_model", "mtp"])
+    p.add_argument("-k", "--num-speculative-tokens", type=int, default=3)
+    p.add_argument("--async-scheduling", action="store_true")
+    p.add_argument("--models-dir", default=str(REPO / ".cache" / "models"))
+    args = p.parse_args(argv)
+
+    from vllm_ppspec.testing.tiny_models import build_all
+
+    models = build_all(args.models_dir)
+    model, spec = spec_args(args.method, args.num_speculative_tokens, models)
+    base = {
+        "model": model,
+        "pp": 2,
+        "requests": REQUESTS,
+        "async_scheduling": bool(args.async_scheduling),
+    }
+    plain = run_job({**base, "spec": None, "worker": "ppspec"})
+    specd = run_job({**base, "spec": spec, "worker": "ppspec"})
+
+    tokens = sum(r["max_tokens"] for r in REQUESTS)
+    mode = "async" if args.async_scheduling else "sync"
+    print(
+        f"PP=2, {mode} scheduling, {len(REQUESTS)} requests x {REQUESTS[0]['max_tokens']} "
+        "tokens, CPU backend, tiny models"
+    )
+    for name, r in (("no spec", plain), (f"{args.method} k={args.num_speculative_tokens}", specd)):
+        rss = max(r["worker_rss_mb"].values()) if r["worker_rss_mb"] else float("nan")
+        print(
+            f"  {name:>16}: {r['generate_s']:7.3f} s  {tokens / r['generate_s']:8.1f} tok/s"
+            f"  max worker RSS {rss:8.1f} MiB"
+        )
+    ratio = plain["generate_s"] / specd["generate_s"]
+    print(f"  speed ratio (spec / no spec, tokens per second): {ratio:.2f}x")
+    s = specd["spec"] or {}
+    if s.get("drafts"):
+        print(
+            f"  acceptance: {s['accepted']}/{s['drafts']} draft tokens "
+            f"({s['accepted'] / s['drafts']:.0%}), "
+            f"{1 + s['accepted'] / max(s['steps'], 1):.2f} tokens per verification step"
+        )
+    if plain["worker_rss_mb"] and specd["worker_rss_mb"]:
+        mem = max(specd["worker_rss_mb"].values()) / max(plain["worker_rss_mb"].values())
+        print(f"  memory ratio (max worker RSS, spec / no spec): {mem:.2f}x")
+    same = plain["outputs"] == specd["outputs"]
+    print(f"  tokens identical: {same}")
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
