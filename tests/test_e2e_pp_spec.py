@@ -134,3 +134,13 @@ def test_stock_worker_still_fails_with_pp_and_spec(models):
     res = run_job(job(models[target], pp=2, spec=spec, worker="stock"), timeout=300)
     assert res.returncode != 0
     assert "has no attribute 'drafter'" in res.log
+
+
+def test_pp2_compile_mode_with_warmup_dummy_runs(models, baseline):
+    """Compile mode: vLLM's warm-up runs _dummy_run on every rank (the drafter's
+    dummy run on the last rank only), which the eager CPU path skips."""
+    target, spec = _spec(models, "draft_random")
+    res = run_job(job(models[target], pp=2, spec=spec, enforce_eager=False))
+    assert res.returncode == 0, res.log[-8000:]
+    assert res.outputs == baseline[target]
+    _check_acceptance("draft_random", res.result["spec"])

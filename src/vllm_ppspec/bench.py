@@ -12,57 +12,34 @@ overhead and the effect of acceptance, not what a GPU deployment will see.
 
 from __future__ import annotations
 
-import argparse
-import json
-import subprocess
 import sys
-import tempfile
-from pathlib import Path
 from typing import Any
 
-from vllm_ppspec.demo import REPO, spec_args
+from vllm_ppspec.demo import method_cli
+from vllm_ppspec.testing.jobs import run_job
 
 REQUESTS = [{"prompt_token_ids": [5 + i, 6 + i, 7 + i, 8 + i], "max_tokens": 96} for i in range(4)]
 
 
-def run_job(job: dict[str, Any]) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory() as d:
-        jp, op = Path(d) / "job.json", Path(d) / "out.json"
-        jp.write_text(json.dumps(job))
-        proc = subprocess.run(
-            [sys.executable, "-m", "vllm_ppspec.testing.run_offline", str(jp), str(op)],
-            capture_output=True,
-            text=True,
-            timeout=900,
-            start_new_session=True,
-        )
-        if proc.returncode != 0 or not op.exists():
-            raise SystemExit(f"engine failed:\n{(proc.stdout + proc.stderr)[-4000:]}")
-        return dict(json.loads(op.read_text()))
+def run_engine(job: dict[str, Any]) -> dict[str, Any]:
+    res = run_job(job, timeout=900)
+    if res.returncode != 0 or res.result is None:
+        raise SystemExit(f"engine failed:\n{res.log[-4000:]}")
+    return res.result
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--method", default="eagle3", choices=["eagle3", "draft_model", "mtp"])
-    p.add_argument("-k", "--num-speculative-tokens", type=int, default=3)
-    p.add_argument("--async-scheduling", action="store_true")
-    p.add_argument("--models-dir", default=str(REPO / ".cache" / "models"))
-    args = p.parse_args(argv)
-
-    from vllm_ppspec.testing.tiny_models import build_all
-
-    models = build_all(args.models_dir)
-    model, spec = spec_args(args.method, args.num_speculative_tokens, models)
+    args, model, spec = method_cli(__doc__, ["eagle3", "draft_model", "mtp"], argv)
     base = {
         "model": model,
         "pp": 2,
         "requests": REQUESTS,
         "async_scheduling": bool(args.async_scheduling),
     }
-    plain = run_job({**base, "spec": None, "worker": "ppspec"})
-    specd = run_job({**base, "spec": spec, "worker": "ppspec"})
+    plain = run_engine({**base, "spec": None, "worker": "ppspec"})
+    specd = run_engine({**base, "spec": spec, "worker": "ppspec"})
 
-    tokens = sum(r["max_tokens"] for r in REQUESTS)
+    tokens = sum(int(r["max_tokens"]) for r in REQUESTS)
     mode = "async" if args.async_scheduling else "sync"
     print(
         f"PP=2, {mode} scheduling, {len(REQUESTS)} requests x {REQUESTS[0]['max_tokens']} "

@@ -151,9 +151,15 @@ def spec_args(method: str, k: int, models: dict[str, str]) -> tuple[str, dict[st
     raise SystemExit(f"unknown method {method!r}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--method", default="eagle3", choices=["eagle3", "draft_model", "mtp", "ngram"])
+def method_cli(
+    doc: str | None, methods: list[str], argv: list[str] | None
+) -> tuple[argparse.Namespace, str, dict[str, Any]]:
+    """Parse --method/-k/--async-scheduling/--models-dir; build the tiny models.
+
+    Returns the arguments, the target model path and the speculative config.
+    """
+    p = argparse.ArgumentParser(description=(doc or "").split("\n")[0])
+    p.add_argument("--method", default="eagle3", choices=methods)
     p.add_argument("-k", "--num-speculative-tokens", type=int, default=3)
     p.add_argument("--async-scheduling", action="store_true")
     p.add_argument("--models-dir", default=str(REPO / ".cache" / "models"))
@@ -163,6 +169,11 @@ def main(argv: list[str] | None = None) -> int:
 
     models = build_all(args.models_dir)
     model, spec = spec_args(args.method, args.num_speculative_tokens, models)
+    return args, model, spec
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, model, spec = method_cli(__doc__, ["eagle3", "draft_model", "mtp", "ngram"], argv)
     log_dir = REPO / ".cache" / "demo"
     log_dir.mkdir(parents=True, exist_ok=True)
     common = [

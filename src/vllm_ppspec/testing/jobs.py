@@ -1,0 +1,66 @@
+"""Run one offline vLLM engine job (``run_offline``) in a fresh process session."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class JobResult:
+    returncode: int
+    result: dict[str, Any] | None
+    log: str
+
+    @property
+    def outputs(self) -> list[list[int]]:
+        assert self.result is not None, self.log[-6000:]
+        return self.result["outputs"]
+
+
+def run_job(job: dict[str, Any], timeout: float = 600) -> JobResult:
+    with tempfile.TemporaryDirectory() as d:
+        job_path = Path(d) / "job.json"
+        out_path = Path(d) / "out.json"
+        job_path.write_text(json.dumps(job))
+        log_path = Path(d) / "log.txt"
+        with open(log_path, "w") as log_file:
+            # A new session, so that the engine core and workers vLLM spawns
+            # can be killed with it, whatever state they are in.
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "vllm_ppspec.testing.run_offline",
+                    str(job_path),
+                    str(out_path),
+                ],
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+            try:
+                code = proc.wait(timeout=timeout)
+                note = ""
+            except subprocess.TimeoutExpired:
+                code, note = -9, f"\nTIMEOUT after {timeout}s"
+            finally:
+                kill_session(proc.pid)
+        log = log_path.read_text(errors="replace") + note
+        result = json.loads(out_path.read_text()) if out_path.exists() else None
+        return JobResult(code, result, log)
+
+
+def kill_session(pid: int) -> None:
+    """Kill every process left in the session led by ``pid``."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
