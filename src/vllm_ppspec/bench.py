@@ -18,7 +18,10 @@ from typing import Any
 from vllm_ppspec.demo import method_cli
 from vllm_ppspec.testing.jobs import run_job
 
-REQUESTS = [{"prompt_token_ids": [5 + i, 6 + i, 7 + i, 8 + i], "max_tokens": 96} for i in range(4)]
+MAX_TOKENS = 96
+REQUESTS: list[dict[str, Any]] = [
+    {"prompt_token_ids": [5 + i, 6 + i, 7 + i, 8 + i], "max_tokens": MAX_TOKENS} for i in range(4)
+]
 
 
 def run_engine(job: dict[str, Any]) -> dict[str, Any]:
@@ -39,10 +42,10 @@ def main(argv: list[str] | None = None) -> int:
     plain = run_engine({**base, "spec": None, "worker": "ppspec"})
     specd = run_engine({**base, "spec": spec, "worker": "ppspec"})
 
-    tokens = sum(int(r["max_tokens"]) for r in REQUESTS)
+    tokens = MAX_TOKENS * len(REQUESTS)
     mode = "async" if args.async_scheduling else "sync"
     print(
-        f"PP=2, {mode} scheduling, {len(REQUESTS)} requests x {REQUESTS[0]['max_tokens']} "
+        f"PP=2, {mode} scheduling, {len(REQUESTS)} requests x {MAX_TOKENS} "
         "tokens, CPU backend, tiny models"
     )
     for name, r in (("no spec", plain), (f"{args.method} k={args.num_speculative_tokens}", specd)):
