@@ -31,11 +31,12 @@ from typing import Any
 from vllm_ppspec import WORKER_QUALNAME
 
 REPO = Path(__file__).resolve().parents[2]
-PROMPTS = [
-    "w5 w6 w7 w8 w9",
-    "w30 w31 w32",
-    "w17 w300 w42 w42 w17 w300",
-    " ".join(f"w{3 + (11 * i) % 500}" for i in range(60)),
+# Token ids (the tiny models' vocabulary is "wN" = id N); sent as token-id prompts.
+PROMPTS: list[list[int]] = [
+    [5, 6, 7, 8, 9],
+    [30, 31, 32],
+    [17, 300, 42, 42, 17, 300],
+    [3 + (11 * i) % 500 for i in range(60)],
 ]
 MAX_TOKENS = [40, 23, 31, 17]
 
@@ -234,7 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     for i, (e, g) in enumerate(zip(expected, got, strict=True)):
         same = e["token_ids"] == g["token_ids"] and e["token_ids"] is not None
         ok &= same
-        print(f"\n[{i}] prompt: {PROMPTS[i][:60]}{'...' if len(PROMPTS[i]) > 60 else ''}")
+        shown = " ".join(f"w{t}" for t in PROMPTS[i][:12])
+        print(f"\n[{i}] prompt ids: {shown}{' ...' if len(PROMPTS[i]) > 12 else ''}")
         print(f"    PP=2+spec: {g['text'].strip()}")
         print(
             f"    token ids {'MATCH' if same else 'DIFFER from'} PP=1 no-spec"
