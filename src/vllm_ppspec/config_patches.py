@@ -53,12 +53,30 @@ def pp_spec_unsupported(vllm_config: Any) -> list[str]:
             f"speculative method {spec.method!r} with pipeline parallelism under "
             f"vllm-ppspec (supported: {', '.join(SUPPORTED_PP_METHODS)})"
         )
+    model_config = vllm_config.model_config
+    if (
+        model_config is not None
+        and model_config.is_hybrid
+        and vllm_config.cache_config.enable_prefix_caching
+        and _on_cpu()
+    ):
+        reasons.append(
+            "prefix caching with a hybrid (GDN/Mamba) model and speculative decoding on "
+            "the CPU backend (its 'align' state copy needs Triton; pass "
+            "--no-enable-prefix-caching)"
+        )
     if vllm_config.parallel_config.distributed_executor_backend == "external_launcher":
         reasons.append(
             "speculative decoding with the external_launcher PP mode under vllm-ppspec "
             "(use --distributed-executor-backend mp)"
         )
     return reasons
+
+
+def _on_cpu() -> bool:
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu())
 
 
 def _wrap_unsupported_features(original: Any) -> Any:

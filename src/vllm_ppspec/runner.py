@@ -36,6 +36,7 @@ A rank whose round cannot be applied raises only after all three completed.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -70,6 +71,10 @@ if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
 
 logger = init_logger("vllm.ppspec")
+
+# Fault injection for tests only: non-last ranks skip the replay of
+# _update_states_after_model_execute (hybrid models then drift).
+FAULT_SKIP_STATE_REPLAY = "VLLM_PPSPEC_FAULT_SKIP_STATE_REPLAY"
 
 
 class MissingStashError(RuntimeError):
@@ -127,6 +132,12 @@ class PPSpecRunnerMixin:
             )
         if self._ppspec_is_last:
             isolate_drafter(self.drafter)  # type: ignore[attr-defined]
+        if os.environ.get(FAULT_SKIP_STATE_REPLAY) == "1":
+            logger.warning(
+                "vllm-ppspec: %s=1 (test fault injection): non-last ranks will NOT "
+                "apply accepted counts; hybrid models will produce wrong tokens",
+                FAULT_SKIP_STATE_REPLAY,
+            )
         logger.info(
             "vllm-ppspec: PP rank %d/%d, speculative method %s, k=%d, %s scheduling",
             pp.rank_in_group,
@@ -379,10 +390,13 @@ class PPSpecRunnerMixin:
         num_reqs = self.input_batch.num_reqs
         sampled = rnd.sampled.to(self.device)
         # Hybrid models: the same accepted counts the sampler's rank applies to
-        # its recurrent state (vLLM returns early for other models).
-        super()._update_states_after_model_execute(  # type: ignore[misc]
-            sampled, scheduler_output
-        )
+        # its recurrent state (vLLM returns early for other models). The
+        # environment switch exists only so that a test can prove that skipping
+        # this breaks hybrid models.
+        if os.environ.get(FAULT_SKIP_STATE_REPLAY) != "1":
+            super()._update_states_after_model_execute(  # type: ignore[misc]
+                sampled, scheduler_output
+            )
         if not self.use_async_scheduling:
             # Sync scheduling: next tokens and drafts come with the next
             # scheduler_output, as in vLLM without speculation.

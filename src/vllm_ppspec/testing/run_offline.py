@@ -8,11 +8,13 @@ Used by the end-to-end tests and the benchmark: each job is a fresh process
 Job keys: ``model``, ``pp`` (default 1), ``spec`` (speculative config or null),
 ``worker`` (``"ppspec"`` = ``vllm_ppspec.worker.PPSpecWorker``, ``"stock"`` =
 vLLM's default), ``async_scheduling`` (true/false/null), ``enforce_eager``,
-``max_num_batched_tokens``, ``max_num_seqs``, ``dtype``, ``requests``: a list of
-``{"prompt_token_ids": [...], "max_tokens": n, "temperature": t, "seed": s}``.
+``max_num_batched_tokens``, ``max_num_seqs``, ``dtype``, ``enable_prefix_caching``,
+``requests``: a list of ``{"prompt_token_ids": [...], "max_tokens": n,
+"temperature": t, "seed": s, "logprobs": n}``.
 
-Output: ``{"outputs": [[token ids] per request], "spec": {"accepted", "drafts",
-"steps"} or null, "startup_s", "generate_s", "worker_rss_mb"}``.
+Output: ``{"outputs": [[token ids] per request], "top2_gaps": [per-position
+top-1 minus top-2 log-probability, or null, per request], "spec": {"accepted",
+"drafts", "steps"} or null, "startup_s", "generate_s", "worker_rss_mb"}``.
 """
 
 from __future__ import annotations
@@ -55,6 +57,17 @@ def spec_metrics(llm: Any) -> dict[str, int] | None:
     }
 
 
+def top2_gaps(logprobs: Any) -> list[float] | None:
+    """Per generated position, top-1 minus top-2 log-probability (needs logprobs >= 2)."""
+    if not logprobs:
+        return None
+    gaps = []
+    for position in logprobs:
+        values = sorted((lp.logprob for lp in position.values()), reverse=True)
+        gaps.append(values[0] - values[1] if len(values) > 1 else float("inf"))
+    return gaps
+
+
 def worker_rss_mb() -> dict[str, float]:
     """Resident memory of the vLLM worker processes (name -> MiB)."""
     import psutil
@@ -87,6 +100,8 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
         seed=0,
         disable_log_stats=False,
     )
+    if job.get("enable_prefix_caching") is not None:
+        kwargs["enable_prefix_caching"] = job["enable_prefix_caching"]
     if job.get("max_num_batched_tokens"):
         kwargs["max_num_batched_tokens"] = job["max_num_batched_tokens"]
         kwargs["enable_chunked_prefill"] = True
@@ -108,6 +123,7 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
             max_tokens=r["max_tokens"],
             temperature=r.get("temperature", 0.0),
             seed=r.get("seed"),
+            logprobs=r.get("logprobs"),
             ignore_eos=True,
         )
         for r in job["requests"]
@@ -117,6 +133,7 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     result = {
         "worker_rss_mb": worker_rss_mb(),
         "outputs": [list(o.outputs[0].token_ids) for o in outs],
+        "top2_gaps": [top2_gaps(o.outputs[0].logprobs) for o in outs],
         "spec": spec_metrics(llm) if job.get("spec") else None,
         "startup_s": round(t1 - t0, 2),
         "generate_s": round(t2 - t1, 3),
