@@ -67,7 +67,8 @@ def judge(baseline: dict, outputs: list[list[int]]) -> tuple[list, list]:
         if got == want:
             continue
         pos = next(
-            (j for j, (a, b) in enumerate(zip(want, got)) if a != b), min(len(want), len(got))
+            (j for j, (a, b) in enumerate(zip(want, got, strict=False)) if a != b),
+            min(len(want), len(got)),
         )
         gap = baseline["top2_gaps"][i][pos] if pos < len(want) else float("inf")
         (forgiven if gap <= TOLERANCE else failures).append((i, pos, round(gap, 3)))

@@ -10,7 +10,6 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import numpy as np
-import pytest
 import torch
 
 from tests.distributed import run_ranks
@@ -182,5 +181,51 @@ def test_async_round_is_applied_on_the_non_last_rank():
     assert outputs == [[-1], [], [-1]]
 
 
-if __name__ == "__main__":
-    pytest.main([__file__, "-q"])
+def _hybrid_counts(rank: int, world: int, skip_replay: bool = False):
+    import os
+
+    from vllm.distributed.parallel_state import get_pp_group
+
+    from vllm_ppspec.transport import send_round
+
+    if skip_replay:
+        os.environ["VLLM_PPSPEC_FAULT_SKIP_STATE_REPLAY"] = "1"
+    pp = get_pp_group()
+    runner = _stub_runner(rank, world, spec=True, num_reqs=3)
+    runner.use_async_scheduling = False
+    runner.model_config = SimpleNamespace(is_hybrid=True)
+    runner.cache_config = SimpleNamespace(mamba_cache_mode="none")
+    runner.num_accepted_tokens = SimpleNamespace(gpu=torch.zeros(8, dtype=torch.int32))
+    runner.num_accepted_tokens_event = SimpleNamespace(record=lambda: None)
+    runner.input_batch.num_accepted_tokens_cpu_tensor = torch.zeros(8, dtype=torch.int32)
+    # Accepted drafts per request: 3, 1, 0 (plus one sampled token each).
+    sampled = torch.tensor([[4, 5, 6, 7], [8, 9, -1, -1], [10, -1, -1, -1]], dtype=torch.int32)
+    if pp.is_last_rank:
+        # What vLLM does after sampling on the last rank ...
+        runner._update_states_after_model_execute(sampled, object())
+        # ... and the round the plugin sends at the end of sample_tokens.
+        send_round(pp.cpu_group, pp.last_rank, 3, K, runner._ppspec_round_sampled, None)
+    else:
+        runner._ppspec_stash = object()
+        runner.sample_tokens(None)
+    return runner.input_batch.num_accepted_tokens_cpu_tensor[:3].tolist()
+
+
+def _hybrid_counts_without_replay(rank: int, world: int):
+    return _hybrid_counts(rank, world, skip_replay=True)
+
+
+def test_every_rank_ends_with_the_same_accepted_counts_for_hybrid_state():
+    results = run_ranks(_hybrid_counts, vllm_groups=True, timeout=90)
+    for r in results:
+        assert r.error is None and not r.hung, r.message
+    assert results[1].value == [4, 2, 1]  # the sampler's rank
+    assert results[0].value == [4, 2, 1]  # replayed on the non-last rank
+
+
+def test_without_the_replay_the_non_last_rank_keeps_stale_counts():
+    results = run_ranks(_hybrid_counts_without_replay, vllm_groups=True, timeout=90)
+    for r in results:
+        assert r.error is None and not r.hung, r.message
+    assert results[1].value == [4, 2, 1]
+    assert results[0].value == [0, 0, 0]
