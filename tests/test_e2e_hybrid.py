@@ -1,8 +1,8 @@
 """Hybrid (gated-delta-net) targets with MTP under PP, on real vLLM engines (CPU, bf16).
 
 Fixtures (``vllm_ppspec.testing.tiny_hybrid``): a 6-layer Qwen3-Next
-``[GDN, GDN, full, GDN, GDN, full]`` (3+3 layers at PP=2, 2+2+2 at PP=3: every
-stage holds GDN layers) whose greedy output depends on the recurrent state of
+``[GDN, GDN, full, GDN, GDN, full]`` (3+3 layers at PP=2: both stages hold GDN
+layers) whose greedy output depends on the recurrent state of
 every GDN layer; ``hybrid_copy``'s MTP head is right ~80% of the time (full and
 partial acceptance), ``hybrid_random``'s is random (rejections).
 
@@ -96,8 +96,10 @@ CASES = [
     ("hybrid_random", 2, 3, "async"),
     ("hybrid_copy", 2, 1, "sync"),
     ("hybrid_copy", 2, 1, "async"),
-    ("hybrid_copy", 3, 3, "async"),
 ]
+# No PP=3 case: with 6 layers split 2+2+2 the first stage holds only GDN layers,
+# and vLLM 0.32 then fails at start-up without speculative decoding or the
+# plugin too ("Workers disagree on supported KV cache layouts").
 
 
 @pytest.mark.parametrize("fixture,pp,k,mode", CASES)
