@@ -567,24 +567,32 @@ def _write_fixture(out: Path, config: dict[str, object], tensors: Tensors) -> No
         metadata={"format": "pt"},
     )
     _save_tokenizer(out)
-    (out / MARKER).write_text(VERSION + "\n")  # last: marks the directory complete
 
 
-def _is_complete(path: Path) -> bool:
+def is_complete(path: Path, marker: str, version: str) -> bool:
+    """Whether ``path`` holds a fixture finished by a builder of ``version``."""
     try:
-        return (path / MARKER).read_text().strip() == VERSION
+        return (path / marker).read_text().strip() == version
     except OSError:
         return False
 
 
-def _build_one(root: Path, name: str, make: Spec) -> Path:
+def build_cached(
+    root: Path, name: str, write: Callable[[Path], None], marker: str, version: str
+) -> Path:
+    """Return ``root / name``, building it with ``write(dir)`` unless already complete.
+
+    Builds in a temporary sibling, writes the ``marker`` file (holding ``version``)
+    last, then renames into place, so a crash or a concurrent builder never
+    leaves a half-written fixture that looks complete.
+    """
     final = root / name
-    if _is_complete(final):
+    if is_complete(final, marker, version):
         return final
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}.build-", dir=root))
     try:
-        config, tensors = make()
-        _write_fixture(tmp / name, config, tensors)
+        write(tmp / name)
+        (tmp / name / marker).write_text(version + "\n")  # last: marks it complete
         if final.exists():  # stale (other version) or incomplete: move aside, then replace
             trash = Path(tempfile.mkdtemp(prefix=f".{name}.stale-", dir=root))
             try:
@@ -594,13 +602,17 @@ def _build_one(root: Path, name: str, make: Spec) -> Path:
         try:
             os.rename(tmp / name, final)
         except OSError:
-            if not _is_complete(final):  # lost a race against a different version
+            if not is_complete(final, marker, version):  # lost a race against another version
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         for stale in root.glob(f".{name}.stale-*"):
             shutil.rmtree(stale, ignore_errors=True)
     return final
+
+
+def _build_one(root: Path, name: str, make: Spec) -> Path:
+    return build_cached(root, name, lambda out: _write_fixture(out, *make()), MARKER, VERSION)
 
 
 def build_all(root: str | os.PathLike[str]) -> dict[str, str]:
