@@ -61,6 +61,7 @@ import shutil
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -456,17 +457,14 @@ def _mimo_tensors() -> Tensors:
 # --------------------------------------------------------------------------- configs
 
 
-def _llama_config(num_layers: int, **extra: object) -> dict[str, object]:
-    from transformers import LlamaConfig
-
-    cfg = LlamaConfig(
+def _common_config_kwargs() -> dict[str, Any]:
+    """HF config arguments shared by the Llama and Qwen2 (MiMo) fixtures."""
+    return dict(
         vocab_size=VOCAB_SIZE,
         hidden_size=HIDDEN,
         intermediate_size=INTERMEDIATE,
-        num_hidden_layers=num_layers,
         num_attention_heads=NUM_HEADS,
         num_key_value_heads=NUM_KV_HEADS,
-        head_dim=HEAD_DIM,
         max_position_embeddings=MAX_POSITIONS,
         rms_norm_eps=RMS_EPS,
         rope_parameters={"rope_type": "default", "rope_theta": ROPE_THETA},
@@ -475,6 +473,16 @@ def _llama_config(num_layers: int, **extra: object) -> dict[str, object]:
         eos_token_id=EOS_ID,
         pad_token_id=None,
         dtype="float32",
+    )
+
+
+def _llama_config(num_layers: int, **extra: object) -> dict[str, object]:
+    from transformers import LlamaConfig
+
+    cfg = LlamaConfig(
+        **_common_config_kwargs(),
+        num_hidden_layers=num_layers,
+        head_dim=HEAD_DIM,
         architectures=["LlamaForCausalLM"],
     )
     d = cfg.to_dict()
@@ -486,21 +494,9 @@ def _qwen2_mimo_config() -> dict[str, object]:
     from transformers import Qwen2Config
 
     cfg = Qwen2Config(
-        vocab_size=VOCAB_SIZE,
-        hidden_size=HIDDEN,
-        intermediate_size=INTERMEDIATE,
+        **_common_config_kwargs(),
         num_hidden_layers=NUM_LAYERS,
-        num_attention_heads=NUM_HEADS,
-        num_key_value_heads=NUM_KV_HEADS,
-        max_position_embeddings=MAX_POSITIONS,
-        rms_norm_eps=RMS_EPS,
-        rope_parameters={"rope_type": "default", "rope_theta": ROPE_THETA},
-        tie_word_embeddings=False,
         use_sliding_window=False,
-        bos_token_id=BOS_ID,
-        eos_token_id=EOS_ID,
-        pad_token_id=None,
-        dtype="float32",
         architectures=["MiMoForCausalLM"],
     )
     d = cfg.to_dict()
