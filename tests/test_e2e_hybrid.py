@@ -2,9 +2,10 @@
 
 Fixtures (``vllm_ppspec.testing.tiny_hybrid``): a 6-layer Qwen3-Next
 ``[GDN, GDN, full, GDN, GDN, full]`` (3+3 layers at PP=2: both stages hold GDN
-layers) whose greedy output depends on the recurrent state of
-every GDN layer; ``hybrid_copy``'s MTP head is right ~80% of the time (full and
-partial acceptance), ``hybrid_random``'s is random (rejections).
+layers; a 9-layer ``[GDN, GDN, full] x 3`` variant for PP=3) whose greedy
+output depends on the recurrent state of every GDN layer; ``hybrid_copy``'s MTP
+head is right ~80% of the time (full and partial acceptance), ``hybrid_random``'s
+is random (rejections).
 
 Oracle: the PP + MTP sequence must equal the PP=1 no-spec sequence, or first
 differ at a position where the PP=1 no-spec model's top-1/top-2 log-probability
@@ -51,13 +52,23 @@ def hybrid(models):
 
 
 @pytest.fixture(scope="module")
-def hybrid_baseline(hybrid):
-    res = run_job(job(hybrid["hybrid_copy"], worker="stock", requests=REQUESTS, **HYBRID))
-    assert res.returncode == 0, res.log[-6000:]
-    # The model-free rule the fixture was built to follow; guards the fixture.
-    for req, out in zip(REQUESTS, res.outputs, strict=True):
-        assert out == greedy_reference(req["prompt_token_ids"], req["max_tokens"])
-    return res.result
+def hybrid_baselines(hybrid):
+    """PP=1 no-spec runs (vLLM's own worker), one per target, made on first use."""
+    cache: dict[str, dict] = {}
+
+    def get(fixture: str) -> dict:
+        # hybrid_random shares hybrid_copy's target weights (only mtp.* differ).
+        target = "hybrid_copy" if fixture == "hybrid_random" else fixture
+        if target not in cache:
+            res = run_job(job(hybrid[target], worker="stock", requests=REQUESTS, **HYBRID))
+            assert res.returncode == 0, res.log[-6000:]
+            # The model-free rule the fixtures were built to follow; guards them.
+            for req, out in zip(REQUESTS, res.outputs, strict=True):
+                assert out == greedy_reference(req["prompt_token_ids"], req["max_tokens"])
+            cache[target] = res.result
+        return cache[target]
+
+    return get
 
 
 def judge(baseline: dict, outputs: list[list[int]]) -> tuple[list, list]:
@@ -96,34 +107,35 @@ CASES = [
     ("hybrid_random", 2, 3, "async"),
     ("hybrid_copy", 2, 1, "sync"),
     ("hybrid_copy", 2, 1, "async"),
+    # PP=3 uses the 9-layer variant: split 2+2+2, the 6-layer model leaves the
+    # first stage without attention layers, which vLLM 0.32 refuses at start-up
+    # even without speculative decoding or the plugin.
+    ("hybrid9_copy", 3, 3, "async"),
 ]
-# No PP=3 case: with 6 layers split 2+2+2 the first stage holds only GDN layers,
-# and vLLM 0.32 then fails at start-up without speculative decoding or the
-# plugin too ("Workers disagree on supported KV cache layouts").
 
 
 @pytest.mark.parametrize("fixture,pp,k,mode", CASES)
 def test_hybrid_mtp_under_pp_keeps_state_on_every_rank(
-    hybrid, hybrid_baseline, fixture, pp, k, mode
+    hybrid, hybrid_baselines, fixture, pp, k, mode
 ):
     res = _run(hybrid, fixture, pp, k, mode)
     assert res.returncode == 0, res.log[-8000:]
-    forgiven, failures = judge(hybrid_baseline, res.outputs)
+    forgiven, failures = judge(hybrid_baselines(fixture), res.outputs)
     assert not failures, f"divergence at a clear margin (request, position, gap): {failures}"
     print(f"forgiven near-tie divergences: {forgiven}")
     spec = res.result["spec"]
-    if fixture == "hybrid_copy":
+    if fixture != "hybrid_random":
         assert 0 < spec["accepted"] < spec["drafts"], spec  # full and partial rounds
     else:
         assert spec["accepted"] < spec["drafts"] // 4, spec
 
 
-def test_oracle_has_teeth_without_the_non_last_state_update(hybrid, hybrid_baseline, monkeypatch):
+def test_oracle_has_teeth_without_the_non_last_state_update(hybrid, hybrid_baselines, monkeypatch):
     """Switching off the non-last ranks' accepted-count replay must fail the oracle."""
     monkeypatch.setenv("VLLM_PPSPEC_FAULT_SKIP_STATE_REPLAY", "1")
     res = _run(hybrid, "hybrid_copy", 2, 3, "sync")
     assert res.returncode == 0, res.log[-8000:]
-    _, failures = judge(hybrid_baseline, res.outputs)
+    _, failures = judge(hybrid_baselines("hybrid_copy"), res.outputs)
     assert failures, "outputs stayed correct without the state replay: the test has no teeth"
 
 

@@ -70,7 +70,7 @@ from vllm_ppspec.testing.tiny_models import (
 # rebuilt.
 VERSION = "tiny-hybrid-v1"
 MARKER = ".tiny_hybrid_complete"
-FIXTURES = ("hybrid_copy", "hybrid_random")
+FIXTURES = ("hybrid_copy", "hybrid_random", "hybrid9_copy")
 
 HIDDEN = 128
 LAYER_TYPES = (
@@ -82,6 +82,12 @@ LAYER_TYPES = (
     "full_attention",
 )
 GDN_LAYERS = tuple(i for i, t in enumerate(LAYER_TYPES) if t == "linear_attention")
+# ``hybrid9_copy``: 9 layers ``[GDN, GDN, full] x 3`` so that PP=3 (3+3+3) gives every
+# stage both kinds (vLLM 0.32 refuses a stage without attention layers). The same
+# four latches (hence the same greedy rule) sit on layers 0, 3, 6, 7: one or more
+# per stage; the other GDN layers have a zero output projection.
+LAYER_TYPES_9 = ("linear_attention", "linear_attention", "full_attention") * 3
+LATCHES_9 = (0, 3, 6, 7)
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 2, 1, 64  # full attention
 LIN_K_DIM = LIN_V_DIM = 128  # one GDN key head and one value head
 CONV_K = 4
@@ -262,16 +268,24 @@ def _moe_tensors(gen: torch.Generator, p: str, std: float, zero_out: bool = Fals
 
 
 @functools.cache
-def _target_tensors() -> Tensors:
+def _target_tensors(
+    layer_types: tuple[str, ...] = LAYER_TYPES, latches: tuple[int, ...] = GDN_LAYERS
+) -> Tensors:
     gen = _gen(8001)
     emb = _embeddings()
     sd: Tensors = {"model.embed_tokens.weight": emb}
-    for layer, kind in enumerate(LAYER_TYPES):
+    for layer, kind in enumerate(layer_types):
         p = f"model.layers.{layer}."
         sd[p + "input_layernorm.weight"] = torch.zeros(HIDDEN)
         sd[p + "post_attention_layernorm.weight"] = torch.zeros(HIDDEN)
-        if kind == "linear_attention":
-            sd.update(_gdn_tensors(p + "linear_attn.", GDN_LAYERS.index(layer)))
+        if kind == "linear_attention" and layer in latches:
+            sd.update(_gdn_tensors(p + "linear_attn.", latches.index(layer)))
+        elif kind == "linear_attention":  # a GDN layer that adds nothing
+            gdn = _gdn_tensors(p + "linear_attn.", 0)
+            gdn[p + "linear_attn.out_proj.weight"] = torch.zeros_like(
+                gdn[p + "linear_attn.out_proj.weight"]
+            )
+            sd.update(gdn)
         else:
             sd.update(_attn_tensors(gen, p + "self_attn.", _NOISE_STD))
         sd.update(_moe_tensors(gen, p + "mlp.", _NOISE_STD))
@@ -309,15 +323,15 @@ def _mtp_tensors(copy: bool) -> Tensors:
     return {k: v.to(torch.float32).contiguous() for k, v in sd.items()}
 
 
-def _config() -> dict[str, object]:
+def _config(layer_types: tuple[str, ...] = LAYER_TYPES) -> dict[str, object]:
     from transformers import Qwen3NextConfig
 
     cfg = Qwen3NextConfig(
         vocab_size=VOCAB_SIZE,
         hidden_size=HIDDEN,
         intermediate_size=256,  # unused: every layer is MoE
-        num_hidden_layers=len(LAYER_TYPES),
-        layer_types=list(LAYER_TYPES),
+        num_hidden_layers=len(layer_types),
+        layer_types=list(layer_types),
         num_attention_heads=NUM_HEADS,
         num_key_value_heads=NUM_KV_HEADS,
         head_dim=HEAD_DIM,
@@ -351,14 +365,16 @@ def _config() -> dict[str, object]:
 # --------------------------------------------------------------------------- writing
 
 
-def _write(out: Path, copy: bool) -> None:
+def _write(out: Path, copy: bool, nine_layers: bool = False) -> None:
     from safetensors.torch import save_file
 
+    layer_types, latches = (LAYER_TYPES_9, LATCHES_9) if nine_layers else (LAYER_TYPES, GDN_LAYERS)
     out.mkdir(parents=True)
-    (out / "config.json").write_text(json.dumps(_config(), indent=2, sort_keys=True) + "\n")
+    config = _config(layer_types)
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     gen_cfg = {"bos_token_id": BOS_ID, "eos_token_id": EOS_ID, "do_sample": False}
     (out / "generation_config.json").write_text(json.dumps(gen_cfg, indent=2) + "\n")
-    tensors = dict(_target_tensors())
+    tensors = dict(_target_tensors(layer_types, latches))
     tensors.update(_mtp_tensors(copy))
     save_file(
         {k: v.clone() for k, v in sorted(tensors.items())},
@@ -370,7 +386,11 @@ def _write(out: Path, copy: bool) -> None:
 
 def _build_one(root: Path, name: str) -> Path:
     return build_cached(
-        root, name, lambda out: _write(out, copy=(name == "hybrid_copy")), MARKER, VERSION
+        root,
+        name,
+        lambda out: _write(out, copy=name != "hybrid_random", nine_layers=name == "hybrid9_copy"),
+        MARKER,
+        VERSION,
     )
 
 
