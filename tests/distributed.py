@@ -1,18 +1,24 @@
-"""Run a function in N forked processes joined by a gloo process group.
+"""Run a function in N fresh processes joined by a gloo process group.
 
-Each rank's return value or exception comes back to the parent; a rank that
-does not finish within ``timeout`` seconds is killed and reported as a hang,
-so a test of a collective fails instead of hanging the suite.
+Ranks are started with the ``spawn`` method: a forked child of the test process
+can inherit a lock held by one of its threads and hang before it reports. Each
+rank writes its result (return value or exception) to a file before exiting; a
+rank that has not written it within ``timeout`` seconds is killed and reported as
+hung, so a test of a collective fails instead of hanging the suite.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import pickle
 import socket
+import tempfile
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 
@@ -31,9 +37,16 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _report(path: Path, result: RankResult) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(pickle.dumps(result))
+    os.replace(tmp, path)
+
+
 def _child(
-    fn: Callable[[int, int], Any], rank: int, world: int, port: int, vllm_groups: bool, q: Any
+    fn: Callable[[int, int], Any], rank: int, world: int, port: int, vllm_groups: bool, out: str
 ) -> None:
+    path = Path(out)
     try:
         os.environ["MASTER_ADDR"] = "127.0.0.1"
         os.environ["MASTER_PORT"] = str(port)
@@ -60,37 +73,41 @@ def _child(
             dist.init_process_group(
                 "gloo", init_method=f"tcp://127.0.0.1:{port}", world_size=world, rank=rank
             )
-        value = fn(rank, world)
-        q.put(RankResult(rank, value=value))
+        _report(path, RankResult(rank, value=fn(rank, world)))
     except BaseException as e:  # noqa: BLE001 - reported to the parent
-        q.put(RankResult(rank, error=type(e).__name__, message=f"{e}\n{traceback.format_exc()}"))
+        _report(
+            path,
+            RankResult(rank, error=type(e).__name__, message=f"{e}\n{traceback.format_exc()}"),
+        )
+    finally:
+        os._exit(0)  # the result is on disk; skip interpreter teardown
 
 
 def run_ranks(
-    fn: Callable[[int, int], Any], world: int = 2, timeout: float = 60.0, vllm_groups: bool = False
+    fn: Callable[[int, int], Any],
+    world: int = 2,
+    timeout: float = 120.0,
+    vllm_groups: bool = False,
 ) -> list[RankResult]:
-    ctx = mp.get_context("fork")
-    q = ctx.Queue()
+    ctx = mp.get_context("spawn")
     port = _free_port()
-    procs = [
-        ctx.Process(target=_child, args=(fn, r, world, port, vllm_groups, q)) for r in range(world)
-    ]
-    for p in procs:
-        p.start()
-    results: dict[int, RankResult] = {}
-    import queue as _queue
-    import time
-
-    deadline = time.monotonic() + timeout
-    while len(results) < world and time.monotonic() < deadline:
-        try:
-            res = q.get(timeout=max(0.1, deadline - time.monotonic()))
-            results[res.rank] = res
-        except _queue.Empty:
-            break
-    for p in procs:
-        p.join(timeout=5)
-        if p.is_alive():
-            p.kill()
-            p.join()
-    return [results.get(r, RankResult(r, hung=True)) for r in range(world)]
+    with tempfile.TemporaryDirectory() as d:
+        outs = [Path(d) / f"rank{r}.pkl" for r in range(world)]
+        procs = [
+            ctx.Process(target=_child, args=(fn, r, world, port, vllm_groups, str(outs[r])))
+            for r in range(world)
+        ]
+        for p in procs:
+            p.start()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not all(o.exists() for o in outs):
+            time.sleep(0.05)
+        for p in procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        return [
+            pickle.loads(o.read_bytes()) if o.exists() else RankResult(r, hung=True)
+            for r, o in enumerate(outs)
+        ]

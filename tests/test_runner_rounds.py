@@ -13,7 +13,6 @@ import numpy as np
 import torch
 
 from tests.distributed import run_ranks
-from vllm_ppspec import cpu_runner as _preload  # noqa: F401  (forked ranks inherit the import)
 
 K = 3
 
