@@ -13,6 +13,9 @@ import importlib
 PINNED_VLLM_VERSION = "0.32.0"
 
 # (module, attribute path) for every vLLM private name used by vllm-ppspec.
+# Runner instance attributes read or set by the mixin (input_batch fields,
+# discard_request_mask, num_accepted_tokens, _draft_token_ids, ...) cannot be
+# checked without building a runner; the end-to-end tests cover them.
 PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
     # Runner methods overridden or called by the mixin (runner.py).
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.execute_model"),
@@ -46,6 +49,10 @@ PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
     ("vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils", "aux_hidden_state_relay_keys"),
     # Drafter methods run under a single-stage PP view on the last rank.
     ("vllm.v1.spec_decode.llm_base_proposer", "SpecDecodeBaseProposer._get_model"),
+    (
+        "vllm.v1.spec_decode.llm_base_proposer",
+        "SpecDecodeBaseProposer._create_draft_vllm_config",
+    ),
     ("vllm.v1.spec_decode.llm_base_proposer", "SpecDecodeBaseProposer.propose"),
     ("vllm.v1.spec_decode.llm_base_proposer", "SpecDecodeBaseProposer.dummy_run"),
     # The PP group global swapped while the drafter runs.
