@@ -27,7 +27,6 @@ def _stub_runner(rank: int, world: int, spec: bool, num_reqs: int):
     runner._ppspec_stash = None
     runner._ppspec_round_sampled = None
     runner._ppspec_deferred = None
-    runner._ppspec_rounds = 0
     runner.num_spec_tokens = K if spec else 0
     runner.device = torch.device("cpu")
     runner.use_async_scheduling = True

@@ -121,7 +121,6 @@ class PPSpecRunnerMixin:
         self._ppspec_stash: SchedulerOutput | None = None
         self._ppspec_round_sampled: torch.Tensor | None = None
         self._ppspec_deferred: Callable[[], None] | None = None
-        self._ppspec_rounds = 0
         if not self._ppspec_active:
             return
         if self.broadcast_pp_output:
@@ -362,7 +361,6 @@ class PPSpecRunnerMixin:
                 sampled,
                 self._draft_token_ids,  # type: ignore[attr-defined]
             )
-            self._ppspec_rounds += 1
             return output
 
         kv_connector_output = self.kv_connector_output  # type: ignore[has-type]
@@ -380,7 +378,6 @@ class PPSpecRunnerMixin:
                 "speculative round's state update on this rank."
             )
         self._ppspec_apply_round(rnd, stash)
-        self._ppspec_rounds += 1
         return ModelRunnerOutput.with_kv_conn_output_only(kv_connector_output)
 
     # ------------------------------------------------------------------
