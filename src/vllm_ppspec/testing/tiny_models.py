@@ -182,11 +182,8 @@ def reference_acceptance(
     round is counted in full even when the request needs fewer tokens).
     """
     succ = _tables()[0]
-    ref = greedy_reference(prompt, max_tokens + k + 1)
-    out = ref[:1]
-    accepted = drafted = 0
-    while len(out) < max_tokens:
-        ctx = list(prompt) + out
+
+    def propose(ctx: list[int]) -> list[int]:
         drafts: list[int] = []
         for _ in range(k):
             if drafter == "succ":
@@ -195,6 +192,28 @@ def reference_acceptance(
                 drafts.append(greedy_reference(ctx + drafts, 1)[0])
             else:
                 raise ValueError(f"unknown drafter {drafter!r}")
+        return drafts
+
+    ref = greedy_reference(prompt, max_tokens + k + 1)
+    return simulate_acceptance(list(prompt), ref, max_tokens, k, propose)
+
+
+def simulate_acceptance(
+    prompt: list[int],
+    ref: list[int],
+    max_tokens: int,
+    k: int,
+    propose: Callable[[list[int]], list[int]],
+) -> tuple[int, int]:
+    """(accepted, drafted) for greedy output ``ref`` when ``propose(context)`` drafts k tokens.
+
+    vLLM's accounting: the prefill step emits one token, then every round drafts
+    ``k`` tokens until ``max_tokens`` are reached.
+    """
+    out = ref[:1]
+    accepted = drafted = 0
+    while len(out) < max_tokens:
+        drafts = propose(prompt + out)
         n = 0
         while n < k and drafts[n] == ref[len(out) + n]:
             n += 1
