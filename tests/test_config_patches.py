@@ -71,3 +71,14 @@ def test_unsupported_method_under_pp_is_refused_with_the_supported_list(target):
         )
     assert "'medusa'" in str(e.value)
     assert "ngram, draft_model, eagle, eagle3, mtp" in str(e.value)
+
+
+def test_workers_refuse_to_run_without_the_plugin_patches(monkeypatch):
+    from vllm.config.vllm import VllmConfig
+
+    from vllm_ppspec.config_patches import require_installed
+
+    require_installed()  # register() above installed them
+    monkeypatch.delattr(VllmConfig, "_vllm_ppspec_patched")
+    with pytest.raises(RuntimeError, match="include 'ppspec' in VLLM_PLUGINS"):
+        require_installed()

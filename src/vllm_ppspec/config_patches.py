@@ -146,6 +146,23 @@ def _wrap_cpu_check(original: Any) -> Any:
     return classmethod(wrapper)
 
 
+def require_installed() -> None:
+    """Raise unless this process runs with the patches (called by the workers).
+
+    Without them (the ``ppspec`` plugin filtered out by ``VLLM_PLUGINS``) the
+    V2 runner could be chosen and the batch queue would be PP-deep, which gives
+    wrong tokens instead of an error.
+    """
+    from vllm.config.vllm import VllmConfig
+
+    if not getattr(VllmConfig, _PATCHED_FLAG, False):
+        raise RuntimeError(
+            f"--worker-cls {WORKER_QUALNAME} needs vllm-ppspec's vLLM plugin 'ppspec', "
+            "which was not loaded in this process: include 'ppspec' in VLLM_PLUGINS (or "
+            "unset it) and check that vllm-ppspec is installed in this environment."
+        )
+
+
 def install() -> None:
     """Install the patches once per process (plugins may be loaded repeatedly)."""
     from vllm.config.vllm import VllmConfig

@@ -6,17 +6,16 @@ import vllm.v1.worker.cpu_worker as _vllm_cpu_worker  # noqa: E402
 from vllm.v1.worker.cpu_worker import CPUWorker  # noqa: E402
 
 import vllm_ppspec.cpu_runner as _cpu_runner  # runs the version guard first
+from vllm_ppspec.config_patches import require_installed
 
 
 class PPSpecCPUWorker(CPUWorker):
     def init_device(self) -> None:
+        # With the patches installed, use_v2_model_runner is False for this
+        # worker (or VLLM_USE_V2_MODEL_RUNNER=1 was refused already).
+        require_installed()
         # CPUWorker.init_device constructs the runner by the module-level name
         # CPUModelRunner; point that name at our runner for this call only.
-        if self.use_v2_model_runner:
-            raise ValueError(
-                "vllm-ppspec extends vLLM's V1 model runner; unset "
-                "VLLM_USE_V2_MODEL_RUNNER (or set it to 0)."
-            )
         original = _vllm_cpu_worker.CPUModelRunner
         _vllm_cpu_worker.CPUModelRunner = _cpu_runner.PPSpecCPUModelRunner  # type: ignore[misc]
         try:

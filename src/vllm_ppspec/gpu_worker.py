@@ -4,15 +4,13 @@ from __future__ import annotations
 
 from vllm.v1.worker.gpu_worker import Worker  # noqa: E402
 
+from vllm_ppspec.config_patches import require_installed
 from vllm_ppspec.runner import PPSpecGPUModelRunner  # runs the version guard first
 
 
 class PPSpecGPUWorker(Worker):
     def _make_model_runner(self) -> PPSpecGPUModelRunner:
-        if self.use_v2_model_runner:
-            raise ValueError(
-                "vllm-ppspec extends vLLM's V1 model runner; unset "
-                "VLLM_USE_V2_MODEL_RUNNER (or set it to 0) to use "
-                "--worker-cls vllm_ppspec.worker.PPSpecWorker."
-            )
+        # With the patches installed, use_v2_model_runner is False for this
+        # worker (or VLLM_USE_V2_MODEL_RUNNER=1 was refused already).
+        require_installed()
         return PPSpecGPUModelRunner(self.vllm_config, self.device)
