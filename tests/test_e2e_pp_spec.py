@@ -14,6 +14,7 @@ from __future__ import annotations
 import pytest
 
 from tests.engine_jobs import GREEDY_REQUESTS, SAMPLED_REQUESTS, job, run_job
+from vllm_ppspec.testing.probes import checkpoint_embedding_digest
 
 pytestmark = pytest.mark.e2e
 
@@ -85,13 +86,61 @@ CASES = [
 ]
 
 
+def _check_drafter_embedding_is_its_own(res, checkpoint: str) -> None:
+    """A draft model keeps its checkpoint's embedding (vLLM never shares it)."""
+    digests = res.result["probes"]["drafter_embedding_digest"]
+    assert digests[:-1] == [None] * (len(digests) - 1), digests  # no drafter there
+    assert digests[-1] == checkpoint_embedding_digest(checkpoint), digests
+
+
 @pytest.mark.parametrize("method,mode", CASES)
 def test_pp2_spec_matches_pp1_without_spec(models, baseline, method, mode):
     target, spec = _spec(models, method)
-    res = run_job(job(models[target], pp=2, spec=spec, async_scheduling=(mode == "async")))
+    probe = method.startswith("draft_")
+    res = run_job(
+        job(
+            models[target],
+            pp=2,
+            spec=spec,
+            async_scheduling=(mode == "async"),
+            probe_drafter_embedding=probe,
+        )
+    )
     assert res.returncode == 0, res.log[-8000:]
     assert res.outputs == baseline[target]
     _check_acceptance(method, res.result["spec"])
+    if probe:
+        _check_drafter_embedding_is_its_own(res, spec["model"])
+
+
+# Draft models of another width and depth than the target (hidden 128, 4
+# layers): each width at PP=2 and PP=3, each scheduling mode at both sizes.
+WIDTH_CASES = [
+    ("draft_narrow", 2, "sync"),
+    ("draft_narrow", 3, "async"),
+    ("draft_wide", 2, "async"),
+    ("draft_wide", 3, "sync"),
+]
+
+
+@pytest.mark.parametrize("drafter,pp,mode", WIDTH_CASES)
+def test_draft_model_of_another_width_matches_pp1_without_spec(
+    models, baseline, drafter, pp, mode
+):
+    spec = {"method": "draft_model", "model": models[drafter], "num_speculative_tokens": K}
+    res = run_job(
+        job(
+            models["target"],
+            pp=pp,
+            spec=spec,
+            async_scheduling=(mode == "async"),
+            probe_drafter_embedding=True,
+        )
+    )
+    assert res.returncode == 0, res.log[-8000:]
+    assert res.outputs == baseline["target"]
+    _check_acceptance("draft_random", res.result["spec"])  # random weights: mostly rejected
+    _check_drafter_embedding_is_its_own(res, models[drafter])
 
 
 def test_pp3_draft_model_matches_pp1_without_spec(models, baseline):

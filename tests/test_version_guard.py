@@ -23,6 +23,15 @@ def test_installed_vllm_is_the_pinned_one_and_has_every_listed_name():
     check_vllm()
 
 
+def test_mirrored_upstream_functions_have_their_pinned_source(monkeypatch):
+    """A vLLM whose copied functions changed must be re-read before it is allowed."""
+    assert version_guard.changed_mirrors() == []
+    module, qualname, _, where = version_guard.MIRRORED_FUNCTIONS[0]
+    # The check has teeth: a wrong pin is reported with the copy's location.
+    monkeypatch.setattr(version_guard, "MIRRORED_FUNCTIONS", ((module, qualname, "0" * 16, where),))
+    assert version_guard.changed_mirrors() == [f"{module}:{qualname} (copied in {where})"]
+
+
 def test_other_version_is_refused_with_both_versions_named():
     with pytest.raises(VLLMVersionError) as e:
         check_version("0.33.0")

@@ -24,8 +24,10 @@ Per speculative round (one ``execute_model`` + ``sample_tokens`` pair):
   the next step scatters into its input ids.
 
 Collectives added, once after ``load_model`` on every rank of the PP group:
-header ``all_reduce`` and, if the drafter lacks an embedding, a ``broadcast`` of
-the target's embedding from the first rank (transport.hand_over_embedding).
+header ``all_reduce``; if vLLM would share the target's embedding with the
+drafter (embedding_share.share_mode), a digest ``all_reduce`` and, if the
+drafter's values differ, a ``broadcast`` of the target's embedding from the
+first rank (transport.hand_over_embedding).
 
 Collectives added, per ``sample_tokens`` call, on every rank of the PP group:
 header ``all_reduce``, sampled ``broadcast``, drafts ``broadcast`` (in that
@@ -60,8 +62,14 @@ from vllm.v1.worker.gpu_model_runner import GPUModelRunner  # noqa: E402
 
 from vllm_ppspec.accounting import next_tokens_and_counts  # noqa: E402
 from vllm_ppspec.drafter_scope import isolate_drafter  # noqa: E402
+from vllm_ppspec.embedding_share import (  # noqa: E402
+    ShareMode,
+    drafter_embedding,
+    share_mode,
+)
 from vllm_ppspec.transport import (  # noqa: E402
     Round,
+    embedding_digest,
     hand_over_embedding,
     recv_round,
     send_round,
@@ -197,25 +205,34 @@ class PPSpecRunnerMixin:
         return result
 
     def _ppspec_hand_over_embedding(self) -> None:
-        """Give the last rank's drafter the target's token embedding.
+        """Give the last rank's drafter the target's token embedding where vLLM would.
 
-        At PP = 1 vLLM shares the target's embedding with an EAGLE/MTP drafter
-        whose checkpoint has none. Under PP the embedding lives on the first
-        stage, so vLLM loads the drafter's "separately" and a checkpoint
-        without one leaves it uninitialised. Every PP rank calls this once,
+        At PP = 1 vLLM shares the target's embedding with some drafters; under
+        PP it skips that and the embedding lives on the first stage. The last
+        rank replays vLLM's decision (embedding_share.share_mode: EAGLE/MTP
+        heads, never a draft model) and the first rank sends the weights if the
+        drafter does not hold them already. Every PP rank calls this once,
         after vLLM's own load (see transport.hand_over_embedding).
         """
         pp = get_pp_group()
+        mode = ShareMode.NONE
         want_shape = None
         drafter_embed = None
         if self._ppspec_is_last:
-            draft_model = getattr(getattr(self, "drafter", None), "model", None)
-            inner = getattr(draft_model, "model", None)
-            drafter_embed = getattr(inner, "embed_tokens", None)
-            own = getattr(draft_model, "has_own_embed_tokens", True)
+            drafter = getattr(self, "drafter", None)
+            mode = share_mode(drafter)
+            drafter_embed = drafter_embedding(drafter)
             weight = getattr(drafter_embed, "weight", None)
-            if not own and isinstance(weight, torch.Tensor):
-                want_shape = (int(weight.shape[0]), int(weight.shape[1]))
+            if mode == ShareMode.UNSUPPORTED:
+                want_shape = (0, 0)
+            elif mode != ShareMode.NONE:
+                if not isinstance(weight, torch.Tensor):
+                    mode = ShareMode.UNSUPPORTED  # vLLM would swap in a module we lack
+                want_shape = (
+                    (int(weight.shape[0]), int(weight.shape[1]))
+                    if isinstance(weight, torch.Tensor)
+                    else (0, 0)
+                )
         target_weight = None
         if pp.is_first_rank:
             model = self.model  # type: ignore[attr-defined]
@@ -225,7 +242,14 @@ class PPSpecRunnerMixin:
             inner = getattr(language_model, "model", None)
             embed = getattr(inner, "embed_tokens", None) or getattr(inner, "embedding", None)
             target_weight = getattr(embed, "weight", None)
-        weight = hand_over_embedding(pp.cpu_group, pp.first_rank, target_weight, want_shape)
+        weight = hand_over_embedding(
+            pp.cpu_group,
+            pp.first_rank,
+            target_weight,
+            want_shape,
+            mode=int(mode),
+            want_digest=lambda: embedding_digest(drafter_embed.weight),  # type: ignore[union-attr]
+        )
         if weight is not None and drafter_embed is not None:
             with torch.no_grad():
                 drafter_embed.weight.copy_(weight.to(drafter_embed.weight.dtype))
@@ -283,6 +307,9 @@ class PPSpecRunnerMixin:
         last-rank branch only; without it a non-last rank's ``num_tokens``
         grows with every rejected draft, and ``_prepare_inputs`` then marks
         decoding requests as partial prefills, feeding them stale token ids.
+        Mirrors the last-rank cut in ``GPUModelRunner._update_states``
+        (vllm/v1/worker/gpu_model_runner.py; hash pinned in
+        version_guard.MIRRORED_FUNCTIONS).
         """
         req_data = scheduler_output.scheduled_cached_reqs
         batch = self.input_batch
@@ -413,7 +440,10 @@ class PPSpecRunnerMixin:
         Each request whose sample is kept gets one ``-1`` placeholder output
         token and one more token slot; the next step's input ids for it come
         from ``prev_sampled_token_ids`` on the device. Discarded requests
-        (partial prefills) keep their CPU token ids.
+        (partial prefills) keep their CPU token ids. Mirrors
+        ``GPUModelRunner._pp_receive_prev_sampled_token_ids_to_input_batch``
+        (vllm/v1/worker/gpu_model_runner.py; hash pinned in
+        version_guard.MIRRORED_FUNCTIONS).
         """
         batch = self.input_batch
         discard_mask = self.discard_request_mask.np[:num_reqs]  # type: ignore[attr-defined]

@@ -55,6 +55,9 @@ PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
     ),
     ("vllm.v1.spec_decode.llm_base_proposer", "SpecDecodeBaseProposer.propose"),
     ("vllm.v1.spec_decode.llm_base_proposer", "SpecDecodeBaseProposer.dummy_run"),
+    # vLLM's embedding-sharing decision, replayed under PP (embedding_share.py).
+    ("vllm.v1.spec_decode.llm_base_proposer", "SpecDecodeBaseProposer._maybe_share_embeddings"),
+    ("vllm.v1.spec_decode.draft_model", "DraftModelProposer._maybe_share_embeddings"),
     # The PP group global swapped while the drafter runs.
     ("vllm.distributed.parallel_state", "_PP"),
     # Workers: how each platform's worker builds its runner.
@@ -67,6 +70,64 @@ PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
     ("vllm.config.vllm", "VllmConfig.max_concurrent_batches"),
     ("vllm.platforms.cpu", "CpuPlatform.check_and_update_config"),
 )
+
+
+# Upstream functions whose logic vllm-ppspec copies (module, qualname, sha256 of
+# the source, first 16 hex digits; where the copy lives). The name check above
+# cannot see a changed body; tests/test_version_guard.py recomputes these hashes,
+# so a vLLM upgrade flags every copy to re-read.
+MIRRORED_FUNCTIONS: tuple[tuple[str, str, str, str], ...] = (
+    (
+        "vllm.v1.spec_decode.llm_base_proposer",
+        "SpecDecodeBaseProposer._maybe_share_embeddings",
+        "7c93570a79fb20a3",
+        "embedding_share.share_mode",
+    ),
+    (
+        "vllm.v1.spec_decode.draft_model",
+        "DraftModelProposer._maybe_share_embeddings",
+        "bb8801e35560befc",
+        "embedding_share.share_mode",
+    ),
+    (
+        "vllm.v1.worker.gpu_model_runner",
+        "GPUModelRunner._update_states",
+        "326599f31b273b94",
+        "runner.PPSpecRunnerMixin._ppspec_trim_optimistic_outputs",
+    ),
+    (
+        "vllm.v1.worker.gpu_model_runner",
+        "GPUModelRunner._pp_receive_prev_sampled_token_ids_to_input_batch",
+        "70c587415ba6588c",
+        "runner.PPSpecRunnerMixin._ppspec_record_placeholders",
+    ),
+    (
+        "vllm.v1.worker.gpu_model_runner",
+        "GPUModelRunner.sample_tokens",
+        "047e6a4738dead56",
+        "runner.PPSpecRunnerMixin.sample_tokens (non-last branch)",
+    ),
+)
+
+
+def source_hash(module_name: str, qualname: str) -> str:
+    """First 16 hex digits of the sha256 of an upstream function's source."""
+    import hashlib
+    import inspect
+
+    obj: object = importlib.import_module(module_name)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return hashlib.sha256(inspect.getsource(obj).encode()).hexdigest()[:16]  # type: ignore[arg-type]
+
+
+def changed_mirrors() -> list[str]:
+    """Every mirrored upstream function whose source no longer has the pinned hash."""
+    return [
+        f"{module}:{qualname} (copied in {where})"
+        for module, qualname, pinned, where in MIRRORED_FUNCTIONS
+        if source_hash(module, qualname) != pinned
+    ]
 
 
 class VLLMVersionError(RuntimeError):

@@ -9,12 +9,13 @@ Job keys: ``model``, ``pp`` (default 1), ``spec`` (speculative config or null),
 ``worker`` (``"ppspec"`` = ``vllm_ppspec.worker.PPSpecWorker``, ``"stock"`` =
 vLLM's default), ``async_scheduling`` (true/false/null), ``enforce_eager``,
 ``max_num_batched_tokens``, ``max_num_seqs``, ``dtype``, ``enable_prefix_caching``,
+``probe_drafter_embedding`` (report each rank's drafter embedding digest),
 ``requests``: a list of ``{"prompt_token_ids": [...], "max_tokens": n,
 "temperature": t, "seed": s, "logprobs": n}``.
 
 Output: ``{"outputs": [[token ids] per request], "top2_gaps": [per-position
 top-1 minus top-2 log-probability, or null, per request], "spec": {"accepted",
-"drafts", "steps"} or null, "startup_s", "generate_s", "worker_rss_mb"}``.
+"drafts", "steps"} or null, "probes", "startup_s", "generate_s", "worker_rss_mb"}``.
 """
 
 from __future__ import annotations
@@ -87,6 +88,9 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     pp = int(job.get("pp", 1))
     for key, value in cpu_env(pp).items():
         os.environ.setdefault(key, value)
+    if job.get("probe_drafter_embedding"):
+        # collective_rpc with a function (testing.probes) is pickled.
+        os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -130,7 +134,13 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     ]
     outs = llm.generate(prompts, params, use_tqdm=False)
     t2 = time.perf_counter()
+    probes: dict[str, Any] = {}
+    if job.get("probe_drafter_embedding"):
+        from vllm_ppspec.testing.probes import drafter_embedding_digest
+
+        probes["drafter_embedding_digest"] = llm.collective_rpc(drafter_embedding_digest)
     result = {
+        "probes": probes,
         "worker_rss_mb": worker_rss_mb(),
         "outputs": [list(o.outputs[0].token_ids) for o in outs],
         "top2_gaps": [top2_gaps(o.outputs[0].logprobs) for o in outs],

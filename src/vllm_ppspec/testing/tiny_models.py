@@ -13,6 +13,8 @@ Fixtures
 ``target``        LlamaForCausalLM, hidden 128, 2 heads / 1 KV head (head_dim 64), 4 layers.
 ``draft_copy``    ``draft_model`` drafter: the same weights as ``target`` (~100% accepted).
 ``draft_random``  ``draft_model`` drafter: independent random 1-layer Llama (~0% accepted).
+``draft_narrow``  ``draft_model`` drafter of hidden 64, 1 layer, own embedding (~0% accepted).
+``draft_wide``    ``draft_model`` drafter of hidden 256, 2 layers, own embedding (~0% accepted).
 ``eagle3``        EAGLE-3 drafter (``LlamaForCausalLMEagle3``), random weights (~0% accepted).
 ``eagle3_succ``   EAGLE-3 drafter hand-set to propose ``SUCC[token]`` (partial acceptance).
 ``eagle``         EAGLE (v1) drafter hand-set to propose ``SUCC[token]`` (partial acceptance).
@@ -83,11 +85,15 @@ MAX_POSITIONS = 2048
 ROPE_THETA = 2.0  # spread rotary frequencies: sharp position-only attention heads
 RMS_EPS = 1e-6
 EAGLE3_AUX_LAYERS = [1, 2, 3]
+NARROW = 64  # hidden size of the narrow draft model (1 layer)
+WIDE = 256  # hidden size of the wide draft model (2 layers)
 
 FIXTURES = (
     "target",
     "draft_copy",
     "draft_random",
+    "draft_narrow",
+    "draft_wide",
     "eagle3",
     "eagle3_succ",
     "eagle",
@@ -331,15 +337,23 @@ def _f32(sd: dict[str, torch.Tensor]) -> Tensors:
     return {k: v.to(torch.float32).contiguous() for k, v in sd.items()}
 
 
-def _attn_mlp(gen: torch.Generator, p: str, std: float, qkv_in: int = HIDDEN) -> Tensors:
+def _attn_mlp(
+    gen: torch.Generator,
+    p: str,
+    std: float,
+    qkv_in: int = HIDDEN,
+    hidden: int = HIDDEN,
+    heads: int = NUM_HEADS,
+) -> Tensors:
+    inter = INTERMEDIATE * hidden // HIDDEN
     return {
-        p + "self_attn.q_proj.weight": _randn(gen, NUM_HEADS * HEAD_DIM, qkv_in, std=std),
+        p + "self_attn.q_proj.weight": _randn(gen, heads * HEAD_DIM, qkv_in, std=std),
         p + "self_attn.k_proj.weight": _randn(gen, NUM_KV_HEADS * HEAD_DIM, qkv_in, std=std),
         p + "self_attn.v_proj.weight": _randn(gen, NUM_KV_HEADS * HEAD_DIM, qkv_in, std=std),
-        p + "self_attn.o_proj.weight": _randn(gen, HIDDEN, NUM_HEADS * HEAD_DIM, std=std),
-        p + "mlp.gate_proj.weight": _randn(gen, INTERMEDIATE, HIDDEN, std=std),
-        p + "mlp.up_proj.weight": _randn(gen, INTERMEDIATE, HIDDEN, std=std),
-        p + "mlp.down_proj.weight": _randn(gen, HIDDEN, INTERMEDIATE, std=std),
+        p + "self_attn.o_proj.weight": _randn(gen, hidden, heads * HEAD_DIM, std=std),
+        p + "mlp.gate_proj.weight": _randn(gen, inter, hidden, std=std),
+        p + "mlp.up_proj.weight": _randn(gen, inter, hidden, std=std),
+        p + "mlp.down_proj.weight": _randn(gen, hidden, inter, std=std),
     }
 
 
@@ -371,17 +385,22 @@ def _target_tensors(arch: str, seed: int) -> Tensors:
     return sd
 
 
-def _random_llama_tensors(seed: int, num_layers: int) -> Tensors:
-    """A plain random Llama (own embeddings and head); special ids never win greedily."""
+def _random_llama_tensors(seed: int, num_layers: int, hidden: int = HIDDEN) -> Tensors:
+    """A plain random Llama (own embeddings and head); special ids never win greedily.
+
+    ``hidden`` other than :data:`HIDDEN` gives a drafter of another width
+    (``hidden // HEAD_DIM`` heads), as a small model drafting for a big one.
+    """
     gen = _gen(seed)
-    sd: Tensors = {"model.embed_tokens.weight": _randn(gen, VOCAB_SIZE, HIDDEN, std=0.02)}
+    heads = hidden // HEAD_DIM
+    sd: Tensors = {"model.embed_tokens.weight": _randn(gen, VOCAB_SIZE, hidden, std=0.02)}
     for layer in range(num_layers):
         p = f"model.layers.{layer}."
-        sd[p + "input_layernorm.weight"] = torch.ones(HIDDEN)
-        sd[p + "post_attention_layernorm.weight"] = torch.ones(HIDDEN)
-        sd.update(_attn_mlp(gen, p, 0.02))
-    sd["model.norm.weight"] = torch.ones(HIDDEN)
-    head = _randn(gen, VOCAB_SIZE, HIDDEN, std=0.5)
+        sd[p + "input_layernorm.weight"] = torch.ones(hidden)
+        sd[p + "post_attention_layernorm.weight"] = torch.ones(hidden)
+        sd.update(_attn_mlp(gen, p, 0.02, qkv_in=hidden, hidden=hidden, heads=heads))
+    sd["model.norm.weight"] = torch.ones(hidden)
+    head = _randn(gen, VOCAB_SIZE, hidden, std=0.5)
     head[:NUM_SPECIAL] = 0.0
     sd["lm_head.weight"] = head
     return sd
@@ -509,6 +528,15 @@ def _llama_config(num_layers: int, **extra: object) -> dict[str, object]:
     return d
 
 
+def _width(hidden: int) -> dict[str, object]:
+    """Config overrides for a Llama of another hidden size (head_dim stays 64)."""
+    return {
+        "hidden_size": hidden,
+        "num_attention_heads": hidden // HEAD_DIM,
+        "intermediate_size": INTERMEDIATE * hidden // HIDDEN,
+    }
+
+
 def _qwen2_mimo_config() -> dict[str, object]:
     from transformers import Qwen2Config
 
@@ -534,6 +562,14 @@ def _fixture_specs() -> dict[str, Spec]:
         "target": lambda: (_llama_config(NUM_LAYERS), _target_tensors("llama", seed=2001)),
         "draft_copy": lambda: (_llama_config(NUM_LAYERS), _target_tensors("llama", seed=2001)),
         "draft_random": lambda: (_llama_config(1), _random_llama_tensors(seed=4001, num_layers=1)),
+        "draft_narrow": lambda: (
+            _llama_config(1, **_width(NARROW)),
+            _random_llama_tensors(seed=4002, num_layers=1, hidden=NARROW),
+        ),
+        "draft_wide": lambda: (
+            _llama_config(2, **_width(WIDE)),
+            _random_llama_tensors(seed=4003, num_layers=2, hidden=WIDE),
+        ),
         "eagle3": lambda: (_llama_config(1, **eagle3_extra), _eagle3_tensors(5001, succ=False)),
         "eagle3_succ": lambda: (
             _llama_config(1, norm_before_residual=True, **eagle3_extra),

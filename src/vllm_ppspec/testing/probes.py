@@ -1,0 +1,30 @@
+"""Functions sent to every worker with ``LLM.collective_rpc`` by the test jobs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def drafter_embedding_digest(worker: Any) -> int | None:
+    """Digest of the drafter's token embedding on this rank (None without a drafter)."""
+    from vllm_ppspec.embedding_share import drafter_embedding
+    from vllm_ppspec.transport import embedding_digest
+
+    embed = drafter_embedding(getattr(worker.model_runner, "drafter", None))
+    weight = getattr(embed, "weight", None)
+    return None if weight is None else embedding_digest(weight)
+
+
+def checkpoint_embedding_digest(model_dir: str) -> int:
+    """Digest of ``model.embed_tokens.weight`` in a local safetensors checkpoint."""
+    from pathlib import Path
+
+    from safetensors import safe_open
+
+    from vllm_ppspec.transport import embedding_digest
+
+    for path in sorted(Path(model_dir).glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as f:
+            if "model.embed_tokens.weight" in f.keys():  # noqa: SIM118 - safe_open API
+                return embedding_digest(f.get_tensor("model.embed_tokens.weight"))
+    raise FileNotFoundError(f"no model.embed_tokens.weight in {model_dir}")

@@ -1,0 +1,103 @@
+"""The target's embedding reaches exactly the drafters vLLM shares it with.
+
+``share_mode`` is checked against vLLM's own proposer classes; the hand-over
+protocol runs on three gloo ranks (first stage holds the embedding, a middle
+stage, the last stage holds the drafter), every branch in one process group:
+a branch that raises must raise on every rank and leave them in step.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from tests.distributed import run_ranks
+from vllm_ppspec.embedding_share import ShareMode, share_mode
+from vllm_ppspec.transport import RoundDivergenceError, embedding_digest, hand_over_embedding
+
+
+def _proposer(cls: type, model: object) -> object:
+    proposer = object.__new__(cls)
+    proposer.model = model  # type: ignore[attr-defined]
+    return proposer
+
+
+class _EagleHead(torch.nn.Module):
+    def __init__(self, own: bool) -> None:
+        super().__init__()
+        self.has_own_embed_tokens = own
+
+
+def test_share_mode_mirrors_vllm_decision():
+    from vllm.v1.spec_decode.draft_model import DraftModelProposer
+    from vllm.v1.spec_decode.eagle import EagleProposer
+    from vllm.v1.spec_decode.gemma4 import Gemma4Proposer
+    from vllm.v1.spec_decode.ngram_proposer import NgramProposer
+
+    # A draft model never shares, even a Llama that carries the EAGLE flag False.
+    assert share_mode(_proposer(DraftModelProposer, _EagleHead(own=False))) == ShareMode.NONE
+    # EAGLE head without its own embedding: shared when the widths match.
+    assert share_mode(_proposer(EagleProposer, _EagleHead(own=False))) == ShareMode.SAME_WIDTH
+    assert share_mode(_proposer(EagleProposer, _EagleHead(own=True))) == ShareMode.NONE
+    # MTP (no flag): always shared.
+    assert share_mode(_proposer(EagleProposer, torch.nn.Module())) == ShareMode.ALWAYS
+    # A proposer with its own sharing rule cannot be replayed across stages.
+    assert share_mode(_proposer(Gemma4Proposer, torch.nn.Module())) == ShareMode.UNSUPPORTED
+    assert share_mode(object.__new__(NgramProposer)) == ShareMode.NONE
+    assert share_mode(None) == ShareMode.NONE
+
+
+TARGET = torch.arange(32, dtype=torch.float32).reshape(8, 4) / 7.0
+
+# (name, mode, drafter's embedding before, expected outcome on the drafter's rank)
+SCENARIOS = [
+    ("no sharing", ShareMode.NONE, torch.zeros(8, 4), "keep"),
+    ("mtp, other values", ShareMode.ALWAYS, torch.zeros(8, 4), "target"),
+    ("mtp, same values", ShareMode.ALWAYS, TARGET.clone(), "same"),
+    ("eagle, same width", ShareMode.SAME_WIDTH, torch.ones(8, 4), "target"),
+    ("eagle, other width", ShareMode.SAME_WIDTH, torch.ones(8, 6), "keep"),
+    ("mtp, other width", ShareMode.ALWAYS, torch.ones(8, 6), "raise"),
+    ("eagle, other vocabulary", ShareMode.SAME_WIDTH, torch.ones(9, 4), "raise"),
+    ("unsupported proposer", ShareMode.UNSUPPORTED, torch.ones(8, 4), "raise"),
+]
+
+
+def _hand_over_all(rank: int, world: int) -> list[tuple[str, str, list | None]]:
+    group = dist.group.WORLD
+    out = []
+    for name, mode, before, _ in SCENARIOS:
+        mine = before.clone()
+        try:
+            got = hand_over_embedding(
+                group,  # type: ignore[arg-type]
+                0,
+                TARGET if rank == 0 else None,
+                tuple(mine.shape) if rank == world - 1 else None,  # type: ignore[arg-type]
+                mode=int(mode) if rank == world - 1 else 0,
+                want_digest=lambda m=mine: embedding_digest(m),  # type: ignore[misc]
+            )
+        except RoundDivergenceError as e:
+            out.append((name, "raised", None))
+            assert "embedding" in str(e)
+            continue
+        out.append((name, "returned", None if got is None else got.tolist()))
+    dist.barrier()  # still in step after every branch
+    return out
+
+
+def test_hand_over_follows_the_mode_on_every_rank():
+    results = run_ranks(_hand_over_all, world=3, timeout=120)
+    for r in results:
+        assert r.error is None and not r.hung, r.message
+    for i, (name, mode, before, expect) in enumerate(SCENARIOS):
+        outcomes = [r.value[i] for r in results]
+        if expect == "raise":
+            assert all(o[1] == "raised" for o in outcomes), (name, outcomes)
+            continue
+        assert all(o[1] == "returned" for o in outcomes), (name, outcomes)
+        assert outcomes[0][2] is None and outcomes[1][2] is None, name  # senders get nothing
+        got = outcomes[2][2]
+        if expect == "target":
+            assert got == TARGET.tolist(), name
+        else:  # "keep" and "same": nothing sent, the drafter's weights stay
+            assert got is None, name
