@@ -124,9 +124,7 @@ WIDTH_CASES = [
 
 
 @pytest.mark.parametrize("drafter,pp,mode", WIDTH_CASES)
-def test_draft_model_of_another_width_matches_pp1_without_spec(
-    models, baseline, drafter, pp, mode
-):
+def test_draft_model_of_another_width_matches_pp1_without_spec(models, baseline, drafter, pp, mode):
     spec = {"method": "draft_model", "model": models[drafter], "num_speculative_tokens": K}
     res = run_job(
         job(

@@ -89,7 +89,7 @@ def test_hand_over_follows_the_mode_on_every_rank():
     results = run_ranks(_hand_over_all, world=3, timeout=120)
     for r in results:
         assert r.error is None and not r.hung, r.message
-    for i, (name, mode, before, expect) in enumerate(SCENARIOS):
+    for i, (name, _mode, _before, expect) in enumerate(SCENARIOS):
         outcomes = [r.value[i] for r in results]
         if expect == "raise":
             assert all(o[1] == "raised" for o in outcomes), (name, outcomes)

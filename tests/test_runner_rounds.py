@@ -23,6 +23,8 @@ def _stub_runner(rank: int, world: int, spec: bool, num_reqs: int):
     runner = object.__new__(PPSpecCPUModelRunner)
     runner.speculative_config = SimpleNamespace(method="draft_model") if spec else None
     runner._ppspec_active = spec
+    runner._ppspec_rounds = spec
+    runner._ppspec_counts = None
     runner._ppspec_is_last = rank == world - 1
     runner._ppspec_stash = None
     runner._ppspec_round_sampled = None

@@ -12,18 +12,25 @@ patch wraps one vLLM function and calls it unchanged unless
   an explicit ``VLLM_USE_V2_MODEL_RUNNER=1`` is refused with a ValueError.
 * ``CpuPlatform.check_and_update_config``: keeps an explicit
   ``--async-scheduling`` (the CPU platform turns it off unconditionally).
-* ``VllmConfig.max_concurrent_batches`` (PP + speculative decoding only): 1
-  batch in flight under sync scheduling, 2 under async scheduling, instead of
-  one per PP stage. The engine core takes a batch's draft tokens right after
-  scheduling the next one; with a PP-deep batch queue it reads them before the
-  batch's sampled tokens were processed and schedules drafts without their
-  bonus token. And vLLM's async spec-decode correction assumes the scheduler
-  lags the worker by exactly one step.
+* ``VllmConfig.max_concurrent_batches`` (PP + speculative decoding only):
+  under sync scheduling one batch per PP stage, as vLLM does without
+  speculation (1 with ``VLLM_PPSPEC_ONE_BATCH=1``, kept for comparison);
+  under async scheduling 2: vLLM's async spec-decode correction assumes the
+  scheduler lags the worker by exactly one step.
+* ``VllmConfig.__post_init__`` (PP + spec, sync scheduling): selects
+  :class:`vllm_ppspec.scheduler.PPSpecScheduler`, which applies each batch's
+  drafts when that batch's output is processed (an explicit other
+  ``--scheduler-cls`` is refused).
+* ``EngineCore.post_step``: skipped with that scheduler. It would fetch the
+  latest drafts with a blocking call that waits for the batch to leave the
+  pipeline; the drafts come with the batch's output instead
+  (:mod:`vllm_ppspec.draft_delivery`).
 """
 
 from __future__ import annotations
 
 import functools
+import os
 from typing import Any
 
 from vllm_ppspec import WORKER_QUALNAME
@@ -32,6 +39,11 @@ from vllm_ppspec import WORKER_QUALNAME
 SUPPORTED_PP_METHODS = ("ngram", "draft_model", "eagle", "eagle3", "mtp")
 
 PP_ASYNC_REFUSAL = "pipeline parallelism with async scheduling"
+
+# Set to 1 to keep one batch in flight under PP + spec with sync scheduling
+# (the plugin's earlier behaviour; the benchmark compares against it).
+ONE_BATCH_ENV = "VLLM_PPSPEC_ONE_BATCH"
+SCHEDULER_QUALNAME = "vllm_ppspec.scheduler.PPSpecScheduler"
 
 _PATCHED_FLAG = "_vllm_ppspec_patched"
 
@@ -128,9 +140,57 @@ def _wrap_max_concurrent_batches(original_prop: property) -> property:
     def wrapper(self: Any) -> int:
         if not spec_pp_active(self):
             return int(getter(self))
-        return 2 if self.scheduler_config.async_scheduling else 1
+        return batches_in_flight(self)
 
     return property(wrapper)
+
+
+def batches_in_flight(vllm_config: Any) -> int:
+    """Batches the engine keeps in flight under PP + spec with the plugin."""
+    if vllm_config.scheduler_config.async_scheduling:
+        return 2
+    if os.environ.get(ONE_BATCH_ENV) == "1":
+        return 1
+    return int(vllm_config.parallel_config.pipeline_parallel_size)
+
+
+def uses_plugin_scheduler(vllm_config: Any) -> bool:
+    return spec_pp_active(vllm_config) and not vllm_config.scheduler_config.async_scheduling
+
+
+def _wrap_post_init(original: Any) -> Any:
+    @functools.wraps(original)
+    def wrapper(self: Any) -> None:
+        original(self)
+        if not uses_plugin_scheduler(self):
+            return
+        sched = self.scheduler_config
+        if sched.scheduler_cls is None or sched.scheduler_cls == SCHEDULER_QUALNAME:
+            sched.scheduler_cls = SCHEDULER_QUALNAME
+            return
+        from vllm_ppspec.scheduler import PPSpecScheduler
+
+        cls = sched.get_scheduler_cls()
+        if not (isinstance(cls, type) and issubclass(cls, PPSpecScheduler)):
+            raise ValueError(
+                f"--scheduler-cls {sched.scheduler_cls!r} cannot run pipeline parallelism "
+                f"with speculative decoding under vllm-ppspec: remove --scheduler-cls, or "
+                f"subclass {SCHEDULER_QUALNAME}"
+            )
+
+    return wrapper
+
+
+def _wrap_post_step(original: Any) -> Any:
+    @functools.wraps(original)
+    def wrapper(self: Any, model_executed: bool) -> None:
+        from vllm_ppspec.scheduler import PPSpecScheduler
+
+        if isinstance(self.scheduler, PPSpecScheduler):
+            return  # drafts come with each batch's output (draft_delivery)
+        original(self, model_executed)
+
+    return wrapper
 
 
 def _wrap_cpu_check(original: Any) -> Any:
@@ -178,6 +238,10 @@ def install() -> None:
     VllmConfig.max_concurrent_batches = _wrap_max_concurrent_batches(  # type: ignore[method-assign,assignment]
         VllmConfig.__dict__["max_concurrent_batches"]
     )
+    VllmConfig.__post_init__ = _wrap_post_init(VllmConfig.__post_init__)  # type: ignore[method-assign]
+    from vllm.v1.engine.core import EngineCore
+
+    EngineCore.post_step = _wrap_post_step(EngineCore.post_step)  # type: ignore[method-assign]
     from vllm.platforms.cpu import CpuPlatform
 
     CpuPlatform.check_and_update_config = _wrap_cpu_check(  # type: ignore[method-assign]

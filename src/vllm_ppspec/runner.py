@@ -60,7 +60,9 @@ from vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils import (  # noqa: E402
 )
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner  # noqa: E402
 
+from vllm_ppspec.accepted_counts import AcceptedCounts  # noqa: E402
 from vllm_ppspec.accounting import next_tokens_and_counts  # noqa: E402
+from vllm_ppspec.draft_delivery import attach_drafts  # noqa: E402
 from vllm_ppspec.drafter_scope import isolate_drafter  # noqa: E402
 from vllm_ppspec.embedding_share import (  # noqa: E402
     ShareMode,
@@ -125,6 +127,15 @@ class PPSpecRunnerMixin:
         """Called right after GPUModelRunner.__init__ (drafter already built)."""
         pp = get_pp_group()
         self._ppspec_active = bool(self.speculative_config) and pp.world_size > 1
+        # Async scheduling: each round travels from the last rank (transport).
+        # Sync scheduling: the scheduler output carries all a rank needs, so
+        # stages never wait for each other and batches fill the pipeline.
+        self._ppspec_rounds = self._ppspec_active and self.use_async_scheduling
+        self._ppspec_counts: AcceptedCounts | None = (
+            AcceptedCounts()
+            if self._ppspec_active and not self.use_async_scheduling and self.model_config.is_hybrid  # type: ignore[attr-defined]
+            else None
+        )
         self._ppspec_is_last = pp.is_last_rank
         self._ppspec_stash: SchedulerOutput | None = None
         self._ppspec_round_sampled: torch.Tensor | None = None
@@ -288,15 +299,79 @@ class PPSpecRunnerMixin:
     # Every step
     # ------------------------------------------------------------------
     def _update_states(self, scheduler_output: SchedulerOutput) -> Any:
-        deferred = super()._update_states(scheduler_output)  # type: ignore[misc]
-        self._ppspec_deferred = deferred
         if (
             getattr(self, "_ppspec_active", False)
+            and not self._ppspec_rounds
             and not self._ppspec_is_last
-            and self.use_async_scheduling
         ):
+            self._ppspec_restore_output_tokens(scheduler_output)
+        deferred = super()._update_states(scheduler_output)  # type: ignore[misc]
+        self._ppspec_deferred = deferred
+        if getattr(self, "_ppspec_rounds", False) and not self._ppspec_is_last:
             self._ppspec_trim_optimistic_outputs(scheduler_output)
+        if getattr(self, "_ppspec_counts", None) is not None:
+            self._ppspec_restore_accepted_counts(scheduler_output)
         return deferred
+
+    def _ppspec_restore_output_tokens(self, scheduler_output: SchedulerOutput) -> None:
+        """Sync scheduling, non-last ranks: a re-joining request's full token list.
+
+        With speculative decoding the scheduler sends a non-last rank only the
+        last sampled token of each round, not the accepted drafts before it;
+        vLLM's ``_update_states`` then leaves the cached request shorter than
+        its computed tokens. That is harmless while the request stays in the
+        persistent batch (its earlier positions are computed), but a request
+        that left the batch is re-added from that short list and its next
+        input ids are read past its end. The scheduler sends ``all_token_ids``
+        for exactly those requests (not scheduled in the previous step); take
+        the tokens up to the computed ones from it, as vLLM itself does for
+        resumed requests under async scheduling.
+        """
+        cached = scheduler_output.scheduled_cached_reqs
+        all_token_ids = cached.all_token_ids
+        if not all_token_ids:
+            return
+        for i, req_id in enumerate(cached.req_ids):
+            tokens = all_token_ids.get(req_id)
+            req_state = self.requests.get(req_id)
+            if tokens is None or req_state is None:
+                continue
+            num_computed = cached.num_computed_tokens[i]
+            if num_computed >= req_state.num_prompt_tokens:
+                req_state.output_token_ids[:] = tokens[req_state.num_prompt_tokens : num_computed]
+
+    def _ppspec_restore_accepted_counts(self, scheduler_output: SchedulerOutput) -> None:
+        """Sync scheduling, hybrid models: each row's count of its request's last round.
+
+        Runs on every rank after ``_update_states`` (the batch now holds this
+        step's rows; re-added requests were reset to 1) and before
+        ``_prepare_inputs`` reads the counts. See :mod:`accepted_counts`.
+        """
+        counts = self._ppspec_counts
+        assert counts is not None
+        for req_id in scheduler_output.finished_req_ids:
+            counts.forget(req_id)
+        event = getattr(self, "num_accepted_tokens_event", None)
+        if event is not None:
+            event.synchronize()  # the sampler's own D2H copy must not land later
+        batch = self.input_batch
+        skip_replay = not self._ppspec_is_last and os.environ.get(FAULT_SKIP_STATE_REPLAY) == "1"
+        cached = scheduler_output.scheduled_cached_reqs
+        for i, req_id in enumerate(cached.req_ids):
+            if req_id in cached.resumed_req_ids:
+                counts.forget(req_id)  # recomputed from its prompt: count 1
+                continue
+            valid = counts.valid_tokens(req_id, cached.num_computed_tokens[i])
+            row = batch.req_id_to_index.get(req_id)
+            if valid is not None and row is not None and not skip_replay:
+                batch.num_accepted_tokens_cpu[row] = valid
+        spec_tokens = scheduler_output.scheduled_spec_decode_tokens
+        for req_id, num in scheduler_output.num_scheduled_tokens.items():
+            state = self.requests.get(req_id)
+            if state is not None:
+                counts.record(
+                    req_id, state.num_computed_tokens, num, len(spec_tokens.get(req_id, ()))
+                )
 
     def _ppspec_trim_optimistic_outputs(self, scheduler_output: SchedulerOutput) -> None:
         """Drop the optimistic placeholders of rejected drafts, as the last rank does.
@@ -339,7 +414,8 @@ class PPSpecRunnerMixin:
             scheduler_output, intermediate_tensors
         )
         if isinstance(output, IntermediateTensors):
-            self._ppspec_stash = scheduler_output
+            if self._ppspec_rounds:
+                self._ppspec_stash = scheduler_output
             if intermediate_tensors is not None and self._ppspec_uses_eagle3_aux():
                 # A middle stage passes on the auxiliary states of the stages
                 # before it (vLLM's model only packs its own layers' states).
@@ -355,7 +431,7 @@ class PPSpecRunnerMixin:
     def _update_states_after_model_execute(
         self, output_token_ids: torch.Tensor, scheduler_output: SchedulerOutput
     ) -> None:
-        if getattr(self, "_ppspec_active", False) and self._ppspec_is_last:
+        if getattr(self, "_ppspec_rounds", False) and self._ppspec_is_last:
             self._ppspec_round_sampled = output_token_ids
         super()._update_states_after_model_execute(  # type: ignore[misc]
             output_token_ids, scheduler_output
@@ -370,6 +446,11 @@ class PPSpecRunnerMixin:
     def sample_tokens(self, grammar_output: Any) -> Any:
         if not getattr(self, "_ppspec_active", False):
             return super().sample_tokens(grammar_output)  # type: ignore[misc]
+        if not self._ppspec_rounds:
+            output = super().sample_tokens(grammar_output)  # type: ignore[misc]
+            if self._ppspec_is_last:
+                attach_drafts(output, self.take_draft_token_ids())  # type: ignore[attr-defined]
+            return output
         pp = get_pp_group()
         if self._ppspec_is_last:
             self._ppspec_round_sampled = None

@@ -69,6 +69,12 @@ PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
     ("vllm.config.vllm", "VllmConfig.use_v2_model_runner"),
     ("vllm.config.vllm", "VllmConfig.max_concurrent_batches"),
     ("vllm.platforms.cpu", "CpuPlatform.check_and_update_config"),
+    ("vllm.config.vllm", "VllmConfig.__post_init__"),
+    # Engine and scheduler: drafts delivered with each batch's output.
+    ("vllm.v1.engine.core", "EngineCore.post_step"),
+    ("vllm.v1.core.sched.scheduler", "Scheduler.update_from_output"),
+    ("vllm.v1.core.sched.scheduler", "Scheduler.update_draft_token_ids"),
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.take_draft_token_ids"),
 )
 
 

@@ -1,0 +1,84 @@
+"""The scheduler for PP + speculative decoding under sync scheduling.
+
+vLLM's ``Scheduler`` with one change: a request's drafts are applied when
+the output of the batch that proposed them is processed, and only if that
+request is in no other batch in flight. With PP-many batches in flight the
+engine would otherwise hand the scheduler a batch's drafts before its sampled
+tokens (see :mod:`vllm_ppspec.draft_delivery`) and schedule them without their
+bonus token, or give them to a request whose next prefill chunk is still in
+the pipeline.
+
+Everything else is vLLM's: a decode request whose tokens are all computed is
+not scheduled again until its output was processed, so it is in at most one
+batch in flight.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vllm.logger import init_logger
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.outputs import DraftTokenIds
+from vllm.v1.request import RequestStatus
+
+from vllm_ppspec.draft_delivery import attached_drafts
+
+QUALNAME = "vllm_ppspec.scheduler.PPSpecScheduler"
+
+logger = init_logger("vllm.ppspec")
+
+
+class PPSpecScheduler(Scheduler):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Batches with scheduled tokens whose output was not processed yet.
+        self.ppspec_in_flight = 0
+        self.ppspec_max_in_flight = 0
+
+    def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        scheduler_output = super().schedule(*args, **kwargs)
+        if scheduler_output.total_num_scheduled_tokens > 0:
+            self.ppspec_in_flight += 1
+            if self.ppspec_in_flight > self.ppspec_max_in_flight:
+                self.ppspec_max_in_flight = self.ppspec_in_flight
+                logger.info("vllm-ppspec: %d batches in flight", self.ppspec_in_flight)
+        return scheduler_output
+
+    def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
+        stale = {
+            req_id
+            for req_id in scheduler_output.num_scheduled_tokens
+            if (req := self.requests.get(req_id)) is not None and req.num_stale_output_tokens > 0
+        }
+        outputs = super().update_from_output(scheduler_output, model_runner_output)
+        if scheduler_output.total_num_scheduled_tokens > 0:
+            self.ppspec_in_flight -= 1
+        drafts = attached_drafts(model_runner_output)
+        if drafts is not None:
+            self._ppspec_apply_drafts(drafts, scheduler_output, stale)
+        return outputs
+
+    def _ppspec_apply_drafts(
+        self, drafts: DraftTokenIds, scheduler_output: Any, stale: set[str]
+    ) -> None:
+        req_ids: list[str] = []
+        draft_ids: list[list[int]] = []
+        for req_id, ids in zip(drafts.req_ids, drafts.draft_token_ids, strict=True):
+            request = self.requests.get(req_id)
+            if (
+                req_id not in scheduler_output.num_scheduled_tokens  # not this batch's
+                or req_id in stale  # preempted while in flight
+                or request is None
+                or request.status != RequestStatus.RUNNING
+                or request.num_in_flight_tokens > 0  # another batch holds it
+            ):
+                continue
+            req_ids.append(req_id)
+            draft_ids.append(list(ids))
+        if req_ids:
+            super().update_draft_token_ids(DraftTokenIds(req_ids, draft_ids))
+
+    def update_draft_token_ids(self, draft_token_ids: DraftTokenIds) -> None:
+        """Drafts arrive with their batch's output; the engine's post-step copy is ignored."""
+        return
