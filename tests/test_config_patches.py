@@ -82,3 +82,78 @@ def test_workers_refuse_to_run_without_the_plugin_patches(monkeypatch):
     monkeypatch.delattr(VllmConfig, "_vllm_ppspec_patched")
     with pytest.raises(RuntimeError, match="include 'ppspec' in VLLM_PLUGINS"):
         require_installed()
+
+
+def _ngram():
+    return {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}
+
+
+def test_sync_pp_spec_fills_the_pipeline_with_the_plugin_scheduler(target, monkeypatch):
+    from vllm_ppspec.config_patches import ONE_BATCH_ENV, SCHEDULER_QUALNAME
+
+    for pp in (2, 3):
+        cfg = _config(
+            target,
+            pipeline_parallel_size=pp,
+            worker_cls=WORKER_QUALNAME,
+            speculative_config=_ngram(),
+        )
+        assert cfg.max_concurrent_batches == pp
+        assert cfg.scheduler_config.scheduler_cls == SCHEDULER_QUALNAME
+    monkeypatch.setenv(ONE_BATCH_ENV, "1")
+    assert cfg.max_concurrent_batches == 1  # the comparison mode of the benchmark
+    # Not touched: stock worker, or no speculative decoding.
+    stock = _config(target, pipeline_parallel_size=2, speculative_config=_ngram())
+    assert stock.scheduler_config.scheduler_cls is None
+    nospec = _config(target, pipeline_parallel_size=2, worker_cls=WORKER_QUALNAME)
+    assert nospec.scheduler_config.scheduler_cls is None
+    assert nospec.max_concurrent_batches == 2
+
+
+def test_async_pp_spec_keeps_two_batches_and_vllms_scheduler(target, models):
+    spec = {"method": "draft_model", "model": models["draft_copy"], "num_speculative_tokens": 3}
+    cfg = _config(
+        target,
+        pipeline_parallel_size=2,
+        worker_cls=WORKER_QUALNAME,
+        speculative_config=spec,
+        async_scheduling=True,
+    )
+    assert cfg.max_concurrent_batches == 2
+    assert cfg.scheduler_config.scheduler_cls is None
+
+
+def test_another_scheduler_class_is_refused_under_pp_spec(target):
+    with pytest.raises(ValueError, match="remove --scheduler-cls"):
+        _config(
+            target,
+            pipeline_parallel_size=2,
+            worker_cls=WORKER_QUALNAME,
+            speculative_config=_ngram(),
+            scheduler_cls="vllm.v1.core.sched.scheduler.Scheduler",
+        )
+
+
+def test_engine_post_step_skips_the_blocking_draft_fetch_with_the_plugin_scheduler():
+    from vllm.v1.engine.core import EngineCore
+
+    from vllm_ppspec.scheduler import PPSpecScheduler
+
+    class _Executor:
+        calls = 0
+
+        def take_draft_token_ids(self):
+            _Executor.calls += 1
+
+    def engine(scheduler):
+        core = object.__new__(EngineCore)
+        core.scheduler = scheduler
+        core.model_executor = _Executor()
+        core.check_for_draft_tokens = True
+        core.async_scheduling = False
+        return core
+
+    EngineCore.post_step(engine(object.__new__(PPSpecScheduler)), True)
+    assert _Executor.calls == 0
+    EngineCore.post_step(engine(object()), True)  # vLLM's own path still fetches
+    assert _Executor.calls == 1

@@ -181,51 +181,77 @@ def test_async_round_is_applied_on_the_non_last_rank():
     assert outputs == [[-1], [], [-1]]
 
 
-def _hybrid_counts(rank: int, world: int, skip_replay: bool = False):
+def _sync_runner(is_last: bool):
+    from vllm_ppspec.accepted_counts import AcceptedCounts
+    from vllm_ppspec.cpu_runner import PPSpecCPUModelRunner
+
+    runner = object.__new__(PPSpecCPUModelRunner)
+    runner._ppspec_counts = AcceptedCounts()
+    runner._ppspec_is_last = is_last
+    runner.num_accepted_tokens_event = None
+    runner.requests = {
+        r: SimpleNamespace(num_computed_tokens=10, num_prompt_tokens=8, output_token_ids=[])
+        for r in ("a", "b", "c")
+    }
+    runner.input_batch = SimpleNamespace(
+        req_id_to_index={}, num_accepted_tokens_cpu=np.ones(8, dtype=np.int32)
+    )
+    return runner
+
+
+def _sched(cached, computed, scheduled, drafts, resumed=(), finished=(), all_tokens=None):
+    return SimpleNamespace(
+        scheduled_cached_reqs=SimpleNamespace(
+            req_ids=list(cached),
+            num_computed_tokens=list(computed),
+            resumed_req_ids=set(resumed),
+            all_token_ids=all_tokens or {},
+        ),
+        num_scheduled_tokens=dict(scheduled),
+        scheduled_spec_decode_tokens={r: [0] * n for r, n in drafts.items()},
+        finished_req_ids=set(finished),
+    )
+
+
+def _accepted_counts_after_rejoin(skip: bool) -> list[int]:
     import os
 
-    from vllm.distributed.parallel_state import get_pp_group
-
-    from vllm_ppspec.transport import send_round
-
-    if skip_replay:
+    os.environ.pop("VLLM_PPSPEC_FAULT_SKIP_STATE_REPLAY", None)
+    if skip:
         os.environ["VLLM_PPSPEC_FAULT_SKIP_STATE_REPLAY"] = "1"
-    pp = get_pp_group()
-    runner = _stub_runner(rank, world, spec=True, num_reqs=3)
-    runner.use_async_scheduling = False
-    runner.model_config = SimpleNamespace(is_hybrid=True)
-    runner.cache_config = SimpleNamespace(mamba_cache_mode="none")
-    runner.num_accepted_tokens = SimpleNamespace(gpu=torch.zeros(8, dtype=torch.int32))
-    runner.num_accepted_tokens_event = SimpleNamespace(record=lambda: None)
-    runner.input_batch.num_accepted_tokens_cpu_tensor = torch.zeros(8, dtype=torch.int32)
-    # Accepted drafts per request: 3, 1, 0 (plus one sampled token each).
-    sampled = torch.tensor([[4, 5, 6, 7], [8, 9, -1, -1], [10, -1, -1, -1]], dtype=torch.int32)
-    if pp.is_last_rank:
-        # What vLLM does after sampling on the last rank ...
-        runner._update_states_after_model_execute(sampled, object())
-        # ... and the round the plugin sends at the end of sample_tokens.
-        send_round(pp.cpu_group, pp.last_rank, 3, K, runner._ppspec_round_sampled, None)
-    else:
-        runner._ppspec_stash = object()
-        runner.sample_tokens(None)
-    return runner.input_batch.num_accepted_tokens_cpu_tensor[:3].tolist()
+    try:
+        runner = _sync_runner(is_last=False)
+        # Round 1: a, b, c at 10 computed tokens, each 1 token + 3 drafts.
+        runner._ppspec_restore_accepted_counts(
+            _sched("abc", [10] * 3, {r: 4 for r in "abc"}, {r: 3 for r in "abc"})
+        )
+        # They re-join the batch (vLLM resets their rows to 1). The scheduler
+        # rolled back rejections: 3, 1 and 0 drafts accepted; c was resumed.
+        runner.input_batch.req_id_to_index = {"c": 0, "a": 1, "b": 2}
+        runner._ppspec_restore_accepted_counts(
+            _sched("abc", [14, 12, 0], {r: 4 for r in "abc"}, {}, resumed="c")
+        )
+        return runner.input_batch.num_accepted_tokens_cpu[:3].tolist()
+    finally:
+        os.environ.pop("VLLM_PPSPEC_FAULT_SKIP_STATE_REPLAY", None)
 
 
-def _hybrid_counts_without_replay(rank: int, world: int):
-    return _hybrid_counts(rank, world, skip_replay=True)
+def test_sync_accepted_counts_are_rebuilt_by_request_when_requests_rejoin():
+    assert _accepted_counts_after_rejoin(skip=False) == [1, 4, 2]  # c, a, b
 
 
-def test_every_rank_ends_with_the_same_accepted_counts_for_hybrid_state():
-    results = run_ranks(_hybrid_counts, vllm_groups=True, timeout=90)
-    for r in results:
-        assert r.error is None and not r.hung, r.message
-    assert results[1].value == [4, 2, 1]  # the sampler's rank
-    assert results[0].value == [4, 2, 1]  # replayed on the non-last rank
+def test_without_the_rebuild_rejoined_rows_keep_vllms_reset_counts():
+    assert _accepted_counts_after_rejoin(skip=True) == [1, 1, 1]
 
 
-def test_without_the_replay_the_non_last_rank_keeps_stale_counts():
-    results = run_ranks(_hybrid_counts_without_replay, vllm_groups=True, timeout=90)
-    for r in results:
-        assert r.error is None and not r.hung, r.message
-    assert results[1].value == [4, 2, 1]
-    assert results[0].value == [0, 0, 0]
+def test_rejoining_request_gets_its_full_token_list_on_a_non_last_rank():
+    runner = _sync_runner(is_last=False)
+    # vLLM's own update left "a" with only the last sampled token of each round.
+    runner.requests["a"].output_token_ids = [100, 104]
+    all_tokens = {"a": list(range(8)) + [100, 101, 102, 103, 104, 105]}
+    runner._ppspec_restore_output_tokens(
+        _sched("ab", [13, 10], {"a": 4, "b": 1}, {}, all_tokens=all_tokens)
+    )
+    # Up to the computed tokens; vLLM then appends the newest one (105).
+    assert runner.requests["a"].output_token_ids == [100, 101, 102, 103, 104]
+    assert runner.requests["b"].output_token_ids == []  # stayed in the batch: untouched

@@ -1,74 +1,242 @@
-"""Benchmark: PP=2 with vs without speculative decoding, measured in one run.
+"""Benchmark: PP + speculative decoding, pipeline filled vs one batch vs no spec.
 
-    python -m vllm_ppspec.bench [--method eagle3|draft_model|mtp] [--async-scheduling]
+    python -m vllm_ppspec.bench [--target planted|tiny] [--pp 2] [--loads 1,4,16,32]
+                                [--repeats 2] [--max-tokens 64] [--out results]
 
-Runs the same greedy requests through two fresh offline engines on the tiny
-local models (PP=2 without speculation, then PP=2 + the chosen method with the
-plugin worker) and prints generation time, tokens/s, the speed ratio, acceptance,
-the worker processes' resident memory and its ratio, and whether the tokens match.
-On the CPU backend with random-weight models this measures the plugin's
-overhead and the effect of acceptance, not what a GPU deployment will see.
+Each engine configuration runs in its own fresh offline engine, interleaved
+``--repeats`` times (A B C D A B C D ...), and generates one phase per load
+(that many greedy requests submitted at once):
+
+* ``pp1 no spec`` / ``pp1 spec``: PP=1, vLLM's own worker (the speed-up spec
+  gives without PP);
+* ``no spec``: PP=N, no speculative decoding (vLLM's PP path; the plugin
+  worker passes through and only adds the forward clock);
+* ``one batch``: PP=N + ngram k=3 with one batch in flight
+  (``VLLM_PPSPEC_ONE_BATCH=1``, the plugin's behaviour before the pipeline
+  was filled);
+* ``filled``: PP=N + ngram k=3, PP batches in flight (the default).
+
+It prints tokens/s (min and median over repeats), the ratios, acceptance, and
+each stage's busy fraction: seconds in the target's forward on that rank over
+the phase's wall time, measured inside the runner (vLLM's workers spin while
+they wait, so CPU time says nothing). All greedy outputs must match PP=1
+without spec. Writes ``bench-<target>.json`` and, with matplotlib,
+``bench-<target>.png`` to ``--out``.
+
+``--target planted``: Llama hidden 1024 x 8 layers fp32 whose greedy output
+ngram predicts (testing.bench_model); ``tiny``: the 4-layer test target.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
+import statistics
 import sys
+from pathlib import Path
 from typing import Any
 
-from vllm_ppspec.demo import method_cli
 from vllm_ppspec.testing.jobs import run_job
 
-MAX_TOKENS = 96
-REQUESTS: list[dict[str, Any]] = [
-    {"prompt_token_ids": [5 + i, 6 + i, 7 + i, 8 + i], "max_tokens": MAX_TOKENS} for i in range(4)
-]
+K = 3
+NGRAM = {
+    "method": "ngram",
+    "num_speculative_tokens": K,
+    "prompt_lookup_min": 1,
+    "prompt_lookup_max": 3,
+}
+PROMPT_LEN = 24
 
 
-def run_engine(job: dict[str, Any]) -> dict[str, Any]:
-    res = run_job(job, timeout=900)
-    if res.returncode != 0 or res.result is None:
-        raise SystemExit(f"engine failed:\n{res.log[-4000:]}")
-    return res.result
+def _target(name: str, models_dir: Path) -> tuple[str, Any]:
+    if name == "planted":
+        from vllm_ppspec.testing import bench_model
+
+        return bench_model.build(models_dir), bench_model.successor()
+    from vllm_ppspec.testing.tiny_models import build_all, successor_table
+
+    return build_all(models_dir)["target"], successor_table()
+
+
+def _requests(succ: list[int], n: int, max_tokens: int) -> list[dict[str, Any]]:
+    """``n`` prompts, each a walk along the successor map (copy-friendly context)."""
+    reqs = []
+    for i in range(n):
+        t, prompt = 3 + (i * 97) % 500, []
+        for _ in range(PROMPT_LEN):
+            prompt.append(t)
+            t = succ[t]
+        reqs.append({"prompt_token_ids": prompt, "max_tokens": max_tokens})
+    return reqs
+
+
+def _configs(pp: int) -> dict[str, dict[str, Any]]:
+    return {
+        "pp1 no spec": {"pp": 1, "spec": None, "worker": "stock"},
+        "pp1 spec": {"pp": 1, "spec": NGRAM, "worker": "stock"},
+        "no spec": {"pp": pp, "spec": None},
+        "one batch": {"pp": pp, "spec": NGRAM, "env": {"VLLM_PPSPEC_ONE_BATCH": "1"}},
+        "filled": {"pp": pp, "spec": NGRAM},
+    }
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    model, succ = _target(args.target, Path(args.models_dir))
+    loads = [int(x) for x in args.loads.split(",")]
+    phases = [{"name": str(n), "requests": _requests(succ, n, args.max_tokens)} for n in loads]
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in _configs(args.pp)}
+    for rep in range(args.repeats):
+        for name, cfg in _configs(args.pp).items():
+            if cfg["pp"] == 1 and max(loads) > 1 and name.startswith("pp1"):
+                cfg = {**cfg, "phases": phases[:1]}  # the low-load reference only
+            job = {
+                "model": model,
+                "phases": phases,
+                "max_num_seqs": max(loads),
+                "max_model_len": 1024,
+                "async_scheduling": False,
+                **cfg,
+            }
+            res = run_job(job, timeout=1800)
+            if res.returncode != 0 or res.result is None:
+                raise SystemExit(f"{name} (repeat {rep}) failed:\n{res.log[-4000:]}")
+            runs[name].append(res.result)
+            print(f"  repeat {rep + 1}/{args.repeats}: {name} done", file=sys.stderr)
+    return {"target": args.target, "pp": args.pp, "k": K, "loads": loads, "runs": runs}
+
+
+def summarize(data: dict[str, Any]) -> dict[str, Any]:
+    """tokens/s min/median, busy fractions, acceptance per (config, load)."""
+    table: dict[str, dict[str, Any]] = {}
+    for name, results in data["runs"].items():
+        for phase_idx, load in enumerate(data["loads"]):
+            per = [r["phases"][phase_idx] for r in results if phase_idx < len(r["phases"])]
+            if not per:
+                continue
+            tps = [p["tokens"] / p["generate_s"] for p in per]
+            busy = [statistics.median(b) for b in zip(*(p["busy"] for p in per), strict=True)]
+            spec = [p["spec"] for p in per if p["spec"]]
+            table.setdefault(name, {})[str(load)] = {
+                "tok_s_min": round(min(tps), 1),
+                "tok_s_median": round(statistics.median(tps), 1),
+                "busy_median": [round(b, 3) for b in busy],
+                "acceptance": (
+                    round(
+                        sum(s["accepted"] for s in spec) / max(sum(s["drafts"] for s in spec), 1), 3
+                    )
+                    if spec
+                    else None
+                ),
+                "outputs": per[0]["outputs"],
+            }
+    return table
+
+
+def _acceptance(spec: list[dict[str, int]]) -> float | None:
+    if not spec:
+        return None
+    drafts = sum(s["drafts"] for s in spec)
+    return round(sum(s["accepted"] for s in spec) / max(drafts, 1), 3)
+
+
+def check_tokens(table: dict[str, Any]) -> list[str]:
+    """Configs/loads whose outputs differ from PP=1 without spec (or from PP=N no spec)."""
+    bad = []
+    for name, loads in table.items():
+        for load, row in loads.items():
+            ref = table.get("pp1 no spec", {}).get(load) or table["no spec"][load]
+            if row["outputs"] != ref["outputs"]:
+                bad.append(f"{name}@{load}")
+    return bad
+
+
+def report(data: dict[str, Any], table: dict[str, Any]) -> None:
+    pp, loads = data["pp"], data["loads"]
+    print(
+        f"target {data['target']}, PP={pp}, ngram k={data['k']}, sync scheduling, "
+        f"{len(data['runs']['filled'])} interleaved repeats; tokens/s min / median"
+    )
+    for name, rows in table.items():
+        for load, row in rows.items():
+            busy = " ".join(f"{b:.0%}" for b in row["busy_median"])
+            acc = f"  acceptance {row['acceptance']:.0%}" if row["acceptance"] is not None else ""
+            print(
+                f"  {name:>12} @{load:>3} in flight: {row['tok_s_min']:8.1f} / "
+                f"{row['tok_s_median']:8.1f} tok/s  busy per stage [{busy}]{acc}"
+            )
+
+    def ratio(a: str, b: str, load: str) -> str:
+        if load not in table.get(a, {}) or load not in table.get(b, {}):
+            return "n/a"
+        return f"{table[a][load]['tok_s_median'] / table[b][load]['tok_s_median']:.2f}x"
+
+    for load in map(str, loads):
+        print(
+            f"  ratios @{load:>3}: filled/one batch {ratio('filled', 'one batch', load)}, "
+            f"filled/no spec {ratio('filled', 'no spec', load)}, "
+            f"one batch/no spec {ratio('one batch', 'no spec', load)}"
+        )
+    low = str(loads[0])
+    print(
+        f"  low load ({low}): PP={pp} spec speed-up {ratio('filled', 'no spec', low)} vs "
+        f"PP=1 spec speed-up {ratio('pp1 spec', 'pp1 no spec', low)}"
+    )
+
+
+def plot(data: dict[str, Any], table: dict[str, Any], path: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name in ("no spec", "one batch", "filled"):
+        rows = table.get(name, {})
+        xs = [int(x) for x in rows]
+        ax.plot(xs, [rows[str(x)]["tok_s_median"] for x in xs], marker="o", label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("requests in flight")
+    ax.set_ylabel("tokens/s (median)")
+    ax.set_title(f"PP={data['pp']} + ngram k={data['k']}, {data['target']} target, CPU")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:
-    args, model, spec = method_cli(__doc__, ["eagle3", "draft_model", "mtp"], argv)
-    base = {
-        "model": model,
-        "pp": 2,
-        "requests": REQUESTS,
-        "async_scheduling": bool(args.async_scheduling),
-    }
-    plain = run_engine({**base, "spec": None, "worker": "ppspec"})
-    specd = run_engine({**base, "spec": spec, "worker": "ppspec"})
-
-    tokens = MAX_TOKENS * len(REQUESTS)
-    mode = "async" if args.async_scheduling else "sync"
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--target", choices=["planted", "tiny"], default="planted")
+    parser.add_argument("--pp", type=int, default=2)
+    parser.add_argument("--loads", default="1,4,16,32")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--out", default="results")
+    parser.add_argument("--models-dir", default=".cache/models")
+    args = parser.parse_args(argv)
+    data = run(args)
+    table = summarize(data)
+    report(data, table)
+    bad = check_tokens(table)
     print(
-        f"PP=2, {mode} scheduling, {len(REQUESTS)} requests x {MAX_TOKENS} "
-        "tokens, CPU backend, tiny models"
+        f"  tokens identical to PP=1 without spec: {not bad}" + (f" (differ: {bad})" if bad else "")
     )
-    for name, r in (("no spec", plain), (f"{args.method} k={args.num_speculative_tokens}", specd)):
-        rss = max(r["worker_rss_mb"].values()) if r["worker_rss_mb"] else float("nan")
-        print(
-            f"  {name:>16}: {r['generate_s']:7.3f} s  {tokens / r['generate_s']:8.1f} tok/s"
-            f"  max worker RSS {rss:8.1f} MiB"
-        )
-    ratio = plain["generate_s"] / specd["generate_s"]
-    print(f"  speed ratio (spec / no spec, tokens per second): {ratio:.2f}x")
-    s = specd["spec"] or {}
-    if s.get("drafts"):
-        print(
-            f"  acceptance: {s['accepted']}/{s['drafts']} draft tokens "
-            f"({s['accepted'] / s['drafts']:.0%}), "
-            f"{1 + s['accepted'] / max(s['steps'], 1):.2f} tokens per verification step"
-        )
-    if plain["worker_rss_mb"] and specd["worker_rss_mb"]:
-        mem = max(specd["worker_rss_mb"].values()) / max(plain["worker_rss_mb"].values())
-        print(f"  memory ratio (max worker RSS, spec / no spec): {mem:.2f}x")
-    same = plain["outputs"] == specd["outputs"]
-    print(f"  tokens identical: {same}")
-    return 0 if same else 1
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"bench-{args.target}-pp{args.pp}"
+    for rows in table.values():
+        for row in rows.values():
+            row.pop("outputs")
+    for results in data["runs"].values():
+        for r in results:
+            for phase in r["phases"]:
+                phase.pop("outputs")
+    (out / f"{stem}.json").write_text(json.dumps({**data, "summary": table}, indent=1) + "\n")
+    if plot(data, table, out / f"{stem}.png"):
+        print(f"  wrote {out / stem}.json and .png")
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":

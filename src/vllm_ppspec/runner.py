@@ -39,6 +39,7 @@ A rank whose round cannot be applied raises only after all three completed.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -122,6 +123,18 @@ class PPSpecRunnerMixin:
     use_async_scheduling: bool
     num_spec_tokens: int
     broadcast_pp_output: bool
+
+    # Seconds spent in the target model's forward on this rank: the
+    # benchmark's busy fraction (vLLM's workers spin while they wait, so CPU
+    # time cannot tell). Read with vllm_ppspec.testing.probes.forward_seconds.
+    ppspec_forward_s: float = 0.0
+
+    def _model_forward(self, *args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return super()._model_forward(*args, **kwargs)  # type: ignore[misc]
+        finally:
+            self.ppspec_forward_s += time.perf_counter() - start
 
     def _ppspec_setup(self) -> None:
         """Called right after GPUModelRunner.__init__ (drafter already built)."""

@@ -35,6 +35,7 @@ PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.initialize_kv_cache"),
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.sync_and_gather_intermediate_tensors"),
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.load_model"),
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._model_forward"),
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._setup_eagle3_aux_hidden_state_outputs"),
     ("vllm.v1.worker.cpu_model_runner", "CPUModelRunner"),
     # EAGLE-3 auxiliary hidden states across PP stages (helpers of vLLM's V2 runner).

@@ -28,3 +28,8 @@ def checkpoint_embedding_digest(model_dir: str) -> int:
             if "model.embed_tokens.weight" in f.keys():  # noqa: SIM118 - safe_open API
                 return embedding_digest(f.get_tensor("model.embed_tokens.weight"))
     raise FileNotFoundError(f"no model.embed_tokens.weight in {model_dir}")
+
+
+def forward_seconds(worker: Any) -> float:
+    """Seconds this rank spent in the target model's forward (runner mixin's clock)."""
+    return float(getattr(worker.model_runner, "ppspec_forward_s", float("nan")))

@@ -9,13 +9,15 @@ Job keys: ``model``, ``pp`` (default 1), ``spec`` (speculative config or null),
 ``worker`` (``"ppspec"`` = ``vllm_ppspec.worker.PPSpecWorker``, ``"stock"`` =
 vLLM's default), ``async_scheduling`` (true/false/null), ``enforce_eager``,
 ``max_num_batched_tokens``, ``max_num_seqs``, ``dtype``, ``enable_prefix_caching``,
+``num_kv_blocks`` (a small KV cache, to force preemption), ``env`` (variables to set),
+``phases`` (benchmark mode, see :func:`run_phases`),
 ``probe_drafter_embedding`` (report each rank's drafter embedding digest),
 ``requests``: a list of ``{"prompt_token_ids": [...], "max_tokens": n,
 "temperature": t, "seed": s, "logprobs": n}``.
 
 Output: ``{"outputs": [[token ids] per request], "top2_gaps": [per-position
 top-1 minus top-2 log-probability, or null, per request], "spec": {"accepted",
-"drafts", "steps"} or null, "probes", "startup_s", "generate_s", "worker_rss_mb"}``.
+"drafts", "steps"} or null, "preemptions", "probes", "startup_s", "generate_s", "worker_rss_mb"}``.
 """
 
 from __future__ import annotations
@@ -58,6 +60,15 @@ def spec_metrics(llm: Any) -> dict[str, int] | None:
     }
 
 
+def preemptions(llm: Any) -> int:
+    """Requests preempted by the scheduler (vLLM's ``vllm:num_preemptions`` counter)."""
+    return sum(
+        int(getattr(m, "value", 0))
+        for m in llm.get_metrics()
+        if getattr(m, "name", "") == "vllm:num_preemptions"
+    )
+
+
 def top2_gaps(logprobs: Any) -> list[float] | None:
     """Per generated position, top-1 minus top-2 log-probability (needs logprobs >= 2)."""
     if not logprobs:
@@ -88,7 +99,8 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     pp = int(job.get("pp", 1))
     for key, value in cpu_env(pp).items():
         os.environ.setdefault(key, value)
-    if job.get("probe_drafter_embedding"):
+    os.environ.update(job.get("env") or {})
+    if job.get("probe_drafter_embedding") or job.get("phases"):
         # collective_rpc with a function (testing.probes) is pickled.
         os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
     from vllm import LLM, SamplingParams
@@ -104,6 +116,8 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
         seed=0,
         disable_log_stats=False,
     )
+    if job.get("num_kv_blocks"):
+        kwargs["num_gpu_blocks_override"] = job["num_kv_blocks"]  # force preemption
     if job.get("enable_prefix_caching") is not None:
         kwargs["enable_prefix_caching"] = job["enable_prefix_caching"]
     if job.get("max_num_batched_tokens"):
@@ -120,6 +134,8 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
 
     t0 = time.perf_counter()
     llm = LLM(**kwargs)
+    if job.get("phases"):
+        return run_phases(llm, job, startup_s=time.perf_counter() - t0)
     t1 = time.perf_counter()
     prompts = [TokensPrompt(prompt_token_ids=r["prompt_token_ids"]) for r in job["requests"]]
     params = [
@@ -145,11 +161,56 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
         "outputs": [list(o.outputs[0].token_ids) for o in outs],
         "top2_gaps": [top2_gaps(o.outputs[0].logprobs) for o in outs],
         "spec": spec_metrics(llm) if job.get("spec") else None,
+        "preemptions": preemptions(llm),
         "startup_s": round(t1 - t0, 2),
         "generate_s": round(t2 - t1, 3),
     }
     llm.llm_engine.engine_core.shutdown()  # stop the engine core and its workers
     return result
+
+
+def _params(requests: list[dict[str, Any]]) -> tuple[list[Any], list[Any]]:
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    prompts = [TokensPrompt(prompt_token_ids=r["prompt_token_ids"]) for r in requests]
+    params = [
+        SamplingParams(max_tokens=r["max_tokens"], temperature=0.0, ignore_eos=True)
+        for r in requests
+    ]
+    return prompts, params
+
+
+def run_phases(llm: Any, job: dict[str, Any], startup_s: float) -> dict[str, Any]:
+    """Benchmark mode: generate each phase's requests in turn, timing each.
+
+    Per phase: wall time of ``generate``, each rank's seconds in the target's
+    forward (its busy fraction is that over the wall time), acceptance deltas.
+    """
+    from vllm_ppspec.testing.probes import forward_seconds
+
+    phases = []
+    for phase in job["phases"]:
+        prompts, params = _params(phase["requests"])
+        spec0 = spec_metrics(llm) if job.get("spec") else None
+        fwd0 = llm.collective_rpc(forward_seconds)
+        t0 = time.perf_counter()
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        wall = time.perf_counter() - t0
+        fwd1 = llm.collective_rpc(forward_seconds)
+        spec1 = spec_metrics(llm) if job.get("spec") else None
+        phases.append(
+            {
+                "name": phase["name"],
+                "generate_s": round(wall, 4),
+                "tokens": sum(len(o.outputs[0].token_ids) for o in outs),
+                "busy": [round((b - a) / wall, 4) for a, b in zip(fwd0, fwd1, strict=True)],
+                "spec": ({k: spec1[k] - spec0[k] for k in spec1} if spec0 and spec1 else None),
+                "outputs": [list(o.outputs[0].token_ids) for o in outs],
+            }
+        )
+    llm.llm_engine.engine_core.shutdown()
+    return {"phases": phases, "startup_s": round(startup_s, 2)}
 
 
 def main() -> None:

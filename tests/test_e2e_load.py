@@ -1,0 +1,87 @@
+"""End to end under load: the pipeline filled with batches, greedy tokens unchanged.
+
+16 requests (at least 4 x PP) with prompts of 1 to 300 tokens and 6 to 57
+output tokens go through an engine that holds 8 at a time, so requests finish
+and join while others are in flight; a 64-token budget chunks the long
+prompts, and a KV cache of 40 blocks forces preemption. Every greedy output
+must equal the same model's at PP=1 without speculative decoding (vLLM's own
+worker). Under sync scheduling the plugin's scheduler must report PP batches
+in flight: a fall back to one batch fails the test.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.engine_jobs import job, run_job
+
+pytestmark = pytest.mark.e2e
+
+K = 3
+_LENGTHS = [1, 7, 300, 45, 120, 3, 260, 18, 90, 2, 150, 33, 210, 11, 64, 180]
+_MAX_TOKENS = [40, 9, 30, 57, 21, 35, 12, 48, 27, 6, 44, 31, 17, 52, 25, 38]
+LOAD_REQUESTS = [
+    {
+        "prompt_token_ids": [3 + (37 * i + 11 * n) % 509 for i in range(n)],
+        "max_tokens": m,
+    }
+    for n, m in zip(_LENGTHS, _MAX_TOKENS, strict=True)
+]
+LOAD = {"requests": LOAD_REQUESTS, "max_num_seqs": 8, "num_kv_blocks": 40}
+
+
+@pytest.fixture(scope="module")
+def load_baseline(models):
+    res = run_job(job(models["target"], worker="stock", **LOAD))
+    assert res.returncode == 0, res.log[-6000:]
+    return res.outputs
+
+
+def _spec(models, method: str) -> dict:
+    if method == "ngram":
+        return {
+            "method": "ngram",
+            "num_speculative_tokens": K,
+            "prompt_lookup_min": 1,
+            "prompt_lookup_max": 3,
+        }
+    return {"method": method.split("_")[0], "model": models[method], "num_speculative_tokens": K}
+
+
+# Each PP size with both scheduling modes; methods spread over the cases.
+CASES = [
+    (2, "sync", "eagle3_succ"),
+    (2, "async", "draft_copy"),
+    (3, "sync", "draft_random"),
+    (3, "async", "eagle"),
+]
+
+
+@pytest.mark.parametrize("pp,mode,method", CASES)
+def test_filled_pipeline_under_load_matches_pp1_without_spec(
+    models, load_baseline, pp, mode, method
+):
+    spec = _spec(models, method)
+    if method.startswith("draft"):
+        spec["method"] = "draft_model"
+    res = run_job(
+        job(models["target"], pp=pp, spec=spec, async_scheduling=(mode == "async"), **LOAD),
+        timeout=900,
+    )
+    assert res.returncode == 0, res.log[-8000:]
+    assert len(res.outputs) == len(load_baseline)
+    mismatched = [
+        i for i, (a, b) in enumerate(zip(res.outputs, load_baseline, strict=True)) if a != b
+    ]
+    assert not mismatched, f"requests differing from PP=1 without spec: {mismatched}"
+    assert res.result["preemptions"] > 0, "the small KV cache did not force preemption"
+    stats = res.result["spec"]
+    assert stats["drafts"] > 0, stats
+    if method == "draft_copy":
+        assert stats["accepted"] > 0.9 * stats["drafts"], stats
+    elif method == "draft_random":
+        assert stats["accepted"] < stats["drafts"] // 4, stats
+    else:
+        assert 0 < stats["accepted"] < stats["drafts"], stats
+    if mode == "sync":
+        assert f"vllm-ppspec: {pp} batches in flight" in res.log, "pipeline not filled"
