@@ -3,7 +3,8 @@
 16 requests (at least 4 x PP) with prompts of 1 to 300 tokens and 6 to 57
 output tokens go through an engine that holds 8 at a time, so requests finish
 and join while others are in flight; a 64-token budget chunks the long
-prompts, and a KV cache of 40 blocks forces preemption. Every greedy output
+prompts, and a KV cache of 5 blocks of 128 tokens (one max_model_len) forces
+preemption when requests grow across a block boundary. Every greedy output
 must equal the same model's at PP=1 without speculative decoding (vLLM's own
 worker). Under sync scheduling the plugin's scheduler must report PP batches
 in flight: a fall back to one batch fails the test.
@@ -18,7 +19,7 @@ from tests.engine_jobs import job, run_job
 pytestmark = pytest.mark.e2e
 
 K = 3
-_LENGTHS = [1, 7, 300, 45, 120, 3, 260, 18, 90, 2, 150, 33, 210, 11, 64, 180]
+_LENGTHS = [1, 7, 300, 120, 110, 3, 250, 18, 100, 2, 125, 33, 240, 11, 64, 180]
 _MAX_TOKENS = [40, 9, 30, 57, 21, 35, 12, 48, 27, 6, 44, 31, 17, 52, 25, 38]
 LOAD_REQUESTS = [
     {
@@ -27,7 +28,7 @@ LOAD_REQUESTS = [
     }
     for n, m in zip(_LENGTHS, _MAX_TOKENS, strict=True)
 ]
-LOAD = {"requests": LOAD_REQUESTS, "max_num_seqs": 8, "num_kv_blocks": 40}
+LOAD = {"requests": LOAD_REQUESTS, "max_num_seqs": 8, "num_kv_blocks": 5}
 
 
 @pytest.fixture(scope="module")
