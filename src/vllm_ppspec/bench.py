@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pp", type=int, default=2)
     parser.add_argument("--loads", default="1,4,16,32")
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--out", default="results")
     parser.add_argument("--models-dir", default=".cache/models")
     args = parser.parse_args(argv)

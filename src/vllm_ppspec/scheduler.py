@@ -8,6 +8,14 @@ tokens (see :mod:`vllm_ppspec.draft_delivery`) and schedule them without their
 bonus token, or give them to a request whose next prefill chunk is still in
 the pipeline.
 
+And one scheduling policy: with ``D`` batches in flight (``D`` = PP), each
+batch takes at most ``ceil(running / D)`` of the running requests that are not
+in flight; the rest are held back for the next batch. vLLM's scheduler would put
+every runnable request into the first batch and leave the others empty, so
+only a token budget smaller than the load would ever fill the pipeline. Held
+requests are first in line next step, so batches rotate. Continuing prefill
+chunks (already in flight) and new requests are not held.
+
 Everything else is vLLM's: a decode request whose tokens are all computed is
 not scheduled again until its output was processed, so it is in at most one
 batch in flight.
@@ -15,6 +23,7 @@ batch in flight.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from vllm.logger import init_logger
@@ -35,15 +44,50 @@ class PPSpecScheduler(Scheduler):
         # Batches with scheduled tokens whose output was not processed yet.
         self.ppspec_in_flight = 0
         self.ppspec_max_in_flight = 0
+        self.ppspec_depth = int(self.vllm_config.max_concurrent_batches)
+
+    def held_back(self) -> list[Any]:
+        """Running requests left for a later batch (see the module docstring)."""
+        if self.ppspec_depth <= 1:
+            return []
+        quota = math.ceil(len(self.running) / self.ppspec_depth)
+        ready = [r for r in self.running if r.num_in_flight_tokens == 0]
+        return ready[quota:]
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
-        scheduler_output = super().schedule(*args, **kwargs)
+        held = self.held_back()
+        if held:
+            scheduler_output = self._schedule_without(held, *args, **kwargs)
+        else:
+            scheduler_output = super().schedule(*args, **kwargs)
         if scheduler_output.total_num_scheduled_tokens > 0:
             self.ppspec_in_flight += 1
             if self.ppspec_in_flight > self.ppspec_max_in_flight:
                 self.ppspec_max_in_flight = self.ppspec_in_flight
                 logger.info("vllm-ppspec: %d batches in flight", self.ppspec_in_flight)
         return scheduler_output
+
+    def _schedule_without(self, held: list[Any], *args: Any, **kwargs: Any) -> Any:
+        """``Scheduler.schedule`` with ``held`` out of the running list for this call.
+
+        The request limits shrink by as many, so no extra request is admitted;
+        afterwards held requests return to their places (preempted requests
+        stay out, newly admitted ones stay at the end).
+        """
+        original = list(self.running)  # type: ignore[has-type]
+        held_ids = {id(r) for r in held}
+        self.running = [r for r in original if id(r) not in held_ids]
+        self.max_num_running_reqs -= len(held)
+        self.max_num_active_reqs -= len(held)
+        try:
+            return super().schedule(*args, **kwargs)
+        finally:
+            self.max_num_running_reqs += len(held)
+            self.max_num_active_reqs += len(held)
+            after_ids = {id(r) for r in self.running}
+            merged = [r for r in original if id(r) in after_ids or id(r) in held_ids]
+            merged_ids = {id(r) for r in merged}
+            self.running = merged + [r for r in self.running if id(r) not in merged_ids]
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
         stale = {

@@ -75,6 +75,7 @@ PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
     ("vllm.v1.engine.core", "EngineCore.post_step"),
     ("vllm.v1.core.sched.scheduler", "Scheduler.update_from_output"),
     ("vllm.v1.core.sched.scheduler", "Scheduler.update_draft_token_ids"),
+    ("vllm.v1.core.sched.scheduler", "Scheduler.schedule"),
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.take_draft_token_ids"),
 )
 

@@ -184,11 +184,15 @@ def _params(requests: list[dict[str, Any]]) -> tuple[list[Any], list[Any]]:
 def run_phases(llm: Any, job: dict[str, Any], startup_s: float) -> dict[str, Any]:
     """Benchmark mode: generate each phase's requests in turn, timing each.
 
-    Per phase: wall time of ``generate``, each rank's seconds in the target's
+    A warm-up generate runs the first phase's requests once, unmeasured. Per
+    phase: wall time of ``generate``, each rank's seconds in the target's
     forward (its busy fraction is that over the wall time), acceptance deltas.
     """
     from vllm_ppspec.testing.probes import forward_seconds
 
+    # Warm-up, not measured: first-call compilation (ngram's numba kernel,
+    # torch's CPU kernels) would otherwise land in the first phase.
+    llm.generate(*_params(job["phases"][0]["requests"]), use_tqdm=False)
     phases = []
     for phase in job["phases"]:
         prompts, params = _params(phase["requests"])
