@@ -56,3 +56,44 @@ def test_drafts_ride_on_the_output_through_pickle():
     assert attached_drafts(back).draft_token_ids == [[1, 2, 3]]
     assert attached_drafts(EMPTY_MODEL_RUNNER_OUTPUT) is None
     attach_drafts(EMPTY_MODEL_RUNNER_OUTPUT, None)  # nothing to attach: fine
+
+
+def _running_scheduler(depth: int, in_flight: list[int]):
+    sched = object.__new__(PPSpecScheduler)
+    sched.ppspec_depth = depth
+    sched.running = [
+        SimpleNamespace(request_id=f"r{i}", num_in_flight_tokens=n) for i, n in enumerate(in_flight)
+    ]
+    sched.max_num_running_reqs = sched.max_num_active_reqs = 16
+    return sched
+
+
+def test_each_batch_takes_its_share_of_the_idle_requests():
+    # 8 running, 2 stages: at most 4 per batch; the first batch takes r0-r3.
+    sched = _running_scheduler(2, [0] * 8)
+    assert [r.request_id for r in sched.held_back()] == ["r4", "r5", "r6", "r7"]
+    # r0-r3 in flight: the next batch takes the 4 idle ones, holds none.
+    sched = _running_scheduler(2, [4, 4, 4, 4, 0, 0, 0, 0])
+    assert sched.held_back() == []
+    # One batch in flight (VLLM_PPSPEC_ONE_BATCH=1): vLLM's behaviour.
+    assert _running_scheduler(1, [0] * 8).held_back() == []
+
+
+def test_held_requests_sit_out_one_schedule_call_and_return_in_place(monkeypatch):
+    seen = {}
+
+    def fake_schedule(self, *args, **kwargs):
+        seen["running"] = [r.request_id for r in self.running]
+        seen["limits"] = (self.max_num_running_reqs, self.max_num_active_reqs)
+        self.running.remove(self.running[1])  # vLLM preempts r1 ...
+        self.running.append(SimpleNamespace(request_id="new", num_in_flight_tokens=0))
+        return "output"  # ... and admits a new request
+
+    monkeypatch.setattr(Scheduler, "schedule", fake_schedule)
+    sched = _running_scheduler(2, [0] * 6)
+    held = sched.held_back()
+    assert sched._schedule_without(held) == "output"
+    assert seen["running"] == ["r0", "r1", "r2"]
+    assert seen["limits"] == (13, 13)  # no extra admission while 3 sit out
+    assert (sched.max_num_running_reqs, sched.max_num_active_reqs) == (16, 16)
+    assert [r.request_id for r in sched.running] == ["r0", "r2", "r3", "r4", "r5", "new"]
