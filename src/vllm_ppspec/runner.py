@@ -8,7 +8,14 @@ uses is listed in :mod:`vllm_ppspec.version_guard`). It is mixed into vLLM's
 With PP = 1, without a speculative config, or with the external-launcher
 (torchrun) PP mode, every override calls straight through to vLLM.
 
-Per speculative round (one ``execute_model`` + ``sample_tokens`` pair):
+Sync scheduling (PP batches in flight; docs/design.md): the scheduler output
+carries every token a rank needs. The last rank attaches each batch's drafts
+to its output (:mod:`vllm_ppspec.draft_delivery`); non-last ranks rebuild the
+token list of a request that re-joins the batch; every rank rebuilds hybrid
+accepted counts by request (:mod:`vllm_ppspec.accepted_counts`).
+
+Async scheduling, per speculative round (one ``execute_model`` +
+``sample_tokens`` pair):
 
 * last rank: vLLM samples and drafts as usual. The sampled tensor is captured
   where vLLM hands it to ``_update_states_after_model_execute``; vLLM's own
@@ -18,10 +25,10 @@ Per speculative round (one ``execute_model`` + ``sample_tokens`` pair):
   intermediate tensors; ``sample_tokens`` receives the round
   (:func:`transport.recv_round`) and then replays what the sampler's rank did:
   ``_update_states_after_model_execute`` (hybrid models: accepted counts for the
-  recurrent-state shift) in both scheduling modes, and under async scheduling
-  the next-token/valid-count hand-off (``_copy_valid_sampled_token_count``), the
-  placeholder bookkeeping vLLM does for the last rank, and the draft tensor that
-  the next step scatters into its input ids.
+  recurrent-state shift), the next-token/valid-count hand-off
+  (``_copy_valid_sampled_token_count``), the placeholder bookkeeping vLLM does
+  for the last rank, and the draft tensor that the next step scatters into its
+  input ids.
 
 Collectives added, once after ``load_model`` on every rank of the PP group:
 header ``all_reduce``; if vLLM would share the target's embedding with the
@@ -29,11 +36,12 @@ drafter (embedding_share.share_mode), a digest ``all_reduce`` and, if the
 drafter's values differ, a ``broadcast`` of the target's embedding from the
 first rank (transport.hand_over_embedding).
 
-Collectives added, per ``sample_tokens`` call, on every rank of the PP group:
-header ``all_reduce``, sampled ``broadcast``, drafts ``broadcast`` (in that
-order, on ``pp.cpu_group``; see :mod:`vllm_ppspec.transport`). The last rank
-calls them after its sampler and drafter ran; the others before returning.
-A rank whose round cannot be applied raises only after all three completed.
+Collectives added under async scheduling, per ``sample_tokens`` call, on every
+rank of the PP group: header ``all_reduce``, then one ``broadcast`` of the
+sampled matrix and drafts (in that order, on ``pp.cpu_group``; see
+:mod:`vllm_ppspec.transport`). The last rank calls them after its sampler and
+drafter ran; the others before returning. A rank whose round cannot be applied
+raises only after both completed. Under sync scheduling none are added.
 """
 
 from __future__ import annotations

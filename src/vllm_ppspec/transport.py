@@ -13,9 +13,14 @@ Protocol, called by every rank of the PP group, in this order, every round:
    inconsistent. If anything disagrees, every rank raises
    :class:`RoundDivergenceError` right here and no further collective of this
    round is issued by anyone: nobody hangs.
-2. ``broadcast`` from the last rank of the ``[rows, k+1]`` int32 sampled matrix
-   (``-1`` padded).
-3. ``broadcast`` from the last rank of the ``[rows, k]`` int32 draft ids.
+2. ``broadcast`` from the last rank of one ``[rows, 2k+1]`` int32 tensor: the
+   ``[rows, k+1]`` sampled matrix (``-1`` padded) and the ``[rows, k]`` draft
+   ids side by side.
+
+Two rendezvous per round, not one: the payload's size depends on the row
+count, and a collective must not be issued before every rank knows that all
+agree on it (a static-size all-reduce could carry both, but only with sizes
+fixed in advance for every rank).
 
 Why gloo: on CUDA, the PP ``device_group`` (NCCL) is the communicator the
 pipeline's send/recv use; a broadcast issued there interleaves with in-flight
@@ -102,8 +107,8 @@ def send_round(
     dist.all_reduce(header, op=dist.ReduceOp.MAX, group=group)
     _check_header(header, note)
     assert matrix is not None and draft_ids is not None
-    dist.broadcast(matrix, src=src, group=group)
-    dist.broadcast(draft_ids, src=src, group=group)
+    payload = torch.cat([matrix, draft_ids.to(torch.int32)], dim=1).contiguous()
+    dist.broadcast(payload, src=src, group=group)
     return Round(matrix, draft_ids)
 
 
@@ -112,11 +117,9 @@ def recv_round(group: dist.ProcessGroup, src: int, num_reqs: int, num_spec_token
     header = _header(num_reqs, num_spec_tokens, sender_error=False)
     dist.all_reduce(header, op=dist.ReduceOp.MAX, group=group)
     _check_header(header, "")
-    matrix = torch.empty((num_reqs, num_spec_tokens + 1), dtype=torch.int32)
-    draft_ids = torch.empty((num_reqs, num_spec_tokens), dtype=torch.int32)
-    dist.broadcast(matrix, src=src, group=group)
-    dist.broadcast(draft_ids, src=src, group=group)
-    return Round(matrix, draft_ids)
+    payload = torch.empty((num_reqs, 2 * num_spec_tokens + 1), dtype=torch.int32)
+    dist.broadcast(payload, src=src, group=group)
+    return Round(payload[:, : num_spec_tokens + 1], payload[:, num_spec_tokens + 1 :])
 
 
 def embedding_digest(weight: torch.Tensor) -> int:

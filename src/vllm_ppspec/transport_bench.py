@@ -2,7 +2,7 @@
 
     python -m vllm_ppspec.transport_bench [--rounds 300]
 
-Times ``send_round`` / ``recv_round`` (header all-reduce + two broadcasts) at
+Times ``send_round`` / ``recv_round`` (header all-reduce + one broadcast) at
 16 and 256 requests with k=3 and k=7 over 127.0.0.1 and prints the median and
 minimum microseconds per round as seen by the last rank. Sync scheduling
 exchanges nothing per round (docs/design.md), so this is the async path's cost.
