@@ -12,7 +12,6 @@ costs. Built once from fixed seeds and cached like the tiny fixtures.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ from vllm_ppspec.testing.tiny_models import (
     EOS_ID,
     NUM_SPECIAL,
     VOCAB_SIZE,
-    _save_tokenizer,
+    _write_fixture,
     build_cached,
 )
 
@@ -111,14 +110,7 @@ def _config() -> dict[str, Any]:
 
 
 def _write(out: Path) -> None:
-    from safetensors.torch import save_file
-
-    out.mkdir(parents=True)
-    (out / "config.json").write_text(json.dumps(_config(), indent=2, sort_keys=True) + "\n")
-    gen_cfg = {"bos_token_id": BOS_ID, "eos_token_id": EOS_ID, "do_sample": False}
-    (out / "generation_config.json").write_text(json.dumps(gen_cfg) + "\n")
-    save_file({k: v.contiguous() for k, v in _tensors().items()}, str(out / "model.safetensors"))
-    _save_tokenizer(out)
+    _write_fixture(out, _config(), _tensors())
 
 
 def build(root: str | os.PathLike[str]) -> str:
