@@ -120,13 +120,7 @@ def summarize(data: dict[str, Any]) -> dict[str, Any]:
                 "tok_s_min": round(min(tps), 1),
                 "tok_s_median": round(statistics.median(tps), 1),
                 "busy_median": [round(b, 3) for b in busy],
-                "acceptance": (
-                    round(
-                        sum(s["accepted"] for s in spec) / max(sum(s["drafts"] for s in spec), 1), 3
-                    )
-                    if spec
-                    else None
-                ),
+                "acceptance": _acceptance(spec),
                 "outputs": per[0]["outputs"],
             }
     return table

@@ -255,16 +255,11 @@ class PPSpecRunnerMixin:
             mode = share_mode(drafter)
             drafter_embed = drafter_embedding(drafter)
             weight = getattr(drafter_embed, "weight", None)
-            if mode == ShareMode.UNSUPPORTED:
-                want_shape = (0, 0)
-            elif mode != ShareMode.NONE:
-                if not isinstance(weight, torch.Tensor):
-                    mode = ShareMode.UNSUPPORTED  # vLLM would swap in a module we lack
-                want_shape = (
-                    (int(weight.shape[0]), int(weight.shape[1]))
-                    if isinstance(weight, torch.Tensor)
-                    else (0, 0)
-                )
+            if mode != ShareMode.NONE:
+                if mode != ShareMode.UNSUPPORTED and isinstance(weight, torch.Tensor):
+                    want_shape = (int(weight.shape[0]), int(weight.shape[1]))
+                else:  # includes a drafter without an embedding module to copy into
+                    mode, want_shape = ShareMode.UNSUPPORTED, (0, 0)
         target_weight = None
         if pp.is_first_rank:
             model = self.model  # type: ignore[attr-defined]
@@ -523,10 +518,6 @@ class PPSpecRunnerMixin:
             super()._update_states_after_model_execute(  # type: ignore[misc]
                 sampled, scheduler_output
             )
-        if not self.use_async_scheduling:
-            # Sync scheduling: next tokens and drafts come with the next
-            # scheduler_output, as in vLLM without speculation.
-            return
         discard = self.discard_request_mask.gpu[:num_reqs]  # type: ignore[attr-defined]
         next_ids, counts = next_tokens_and_counts(
             sampled, discard=discard, vocab_size=self.input_batch.vocab_size

@@ -38,6 +38,7 @@ import torch
 import torch.distributed as dist
 
 from vllm_ppspec.accounting import draft_matrix, pad_sampled
+from vllm_ppspec.embedding_share import ShareMode
 
 
 class RoundDivergenceError(RuntimeError):
@@ -133,7 +134,7 @@ def hand_over_embedding(
     src: int,
     weight: torch.Tensor | None,
     want_shape: tuple[int, int] | None,
-    mode: int = 1,
+    mode: int = ShareMode.ALWAYS,
     want_digest: Callable[[], int] | None = None,
 ) -> torch.Tensor | None:
     """Load-time hand-off of the target's token embedding to the drafter's rank.
@@ -154,24 +155,24 @@ def hand_over_embedding(
 
     Returns the weight on the asking rank after step 3, None otherwise.
     """
-    asking = want_shape is not None and mode != 0
+    asking = want_shape is not None and mode != ShareMode.NONE
     rows, cols = want_shape if asking and want_shape is not None else (0, 0)
     have_rows, have_cols = tuple(weight.shape) if weight is not None else (0, 0)
     header = torch.tensor(
-        [mode if asking else 0, rows, cols, have_rows, have_cols], dtype=torch.int64
+        [mode if asking else ShareMode.NONE, rows, cols, have_rows, have_cols], dtype=torch.int64
     )
     dist.all_reduce(header, op=dist.ReduceOp.MAX, group=group)
     wanted, rows, cols, have_rows, have_cols = (int(x) for x in header)
-    if wanted == 0:
+    if wanted == ShareMode.NONE:
         return None
-    if wanted == 3:
+    if wanted == ShareMode.UNSUPPORTED:
         raise RoundDivergenceError(
             "this drafter shares the target's token embedding in its own way "
             "(vLLM replaces its embedding module, possibly with another width), which "
             "vllm-ppspec cannot do across PP stages; run it with "
             "--pipeline-parallel-size 1 or use an EAGLE/EAGLE-3/MTP/draft_model drafter"
         )
-    if wanted == 2 and cols != have_cols:
+    if wanted == ShareMode.SAME_WIDTH and cols != have_cols:
         return None  # vLLM keeps an EAGLE drafter's embedding of another width
     if (rows, cols) != (have_rows, have_cols):
         raise RoundDivergenceError(

@@ -103,8 +103,7 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     if job.get("probe_drafter_embedding") or job.get("phases"):
         # collective_rpc with a function (testing.probes) is pickled.
         os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
+    from vllm import LLM
 
     kwargs: dict[str, Any] = dict(
         model=job["model"],
@@ -137,18 +136,7 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     if job.get("phases"):
         return run_phases(llm, job, startup_s=time.perf_counter() - t0)
     t1 = time.perf_counter()
-    prompts = [TokensPrompt(prompt_token_ids=r["prompt_token_ids"]) for r in job["requests"]]
-    params = [
-        SamplingParams(
-            max_tokens=r["max_tokens"],
-            temperature=r.get("temperature", 0.0),
-            seed=r.get("seed"),
-            logprobs=r.get("logprobs"),
-            ignore_eos=True,
-        )
-        for r in job["requests"]
-    ]
-    outs = llm.generate(prompts, params, use_tqdm=False)
+    outs = llm.generate(*_params(job["requests"]), use_tqdm=False)
     t2 = time.perf_counter()
     probes: dict[str, Any] = {}
     if job.get("probe_drafter_embedding"):
@@ -170,12 +158,19 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def _params(requests: list[dict[str, Any]]) -> tuple[list[Any], list[Any]]:
+    """Prompts and sampling parameters of a job's requests (see the module docstring)."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     prompts = [TokensPrompt(prompt_token_ids=r["prompt_token_ids"]) for r in requests]
     params = [
-        SamplingParams(max_tokens=r["max_tokens"], temperature=0.0, ignore_eos=True)
+        SamplingParams(
+            max_tokens=r["max_tokens"],
+            temperature=r.get("temperature", 0.0),
+            seed=r.get("seed"),
+            logprobs=r.get("logprobs"),
+            ignore_eos=True,
+        )
         for r in requests
     ]
     return prompts, params
