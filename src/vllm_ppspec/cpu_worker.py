@@ -6,6 +6,7 @@ import vllm.v1.worker.cpu_worker as _vllm_cpu_worker  # noqa: E402
 from vllm.v1.worker.cpu_worker import CPUWorker  # noqa: E402
 
 import vllm_ppspec.cpu_runner as _cpu_runner  # runs the version guard first
+from vllm_ppspec import cpu_expand_fix
 from vllm_ppspec.config_patches import require_installed
 
 
@@ -14,6 +15,9 @@ class PPSpecCPUWorker(CPUWorker):
         # With the patches installed, use_v2_model_runner is False for this
         # worker (or VLLM_USE_V2_MODEL_RUNNER=1 was refused already).
         require_installed()
+        # vLLM registered its CPU kernel fallbacks before building this worker;
+        # replace the broken expand kernel (cpu_expand_fix.py).
+        cpu_expand_fix.install()
         # CPUWorker.init_device constructs the runner by the module-level name
         # CPUModelRunner; point that name at our runner for this call only.
         original = _vllm_cpu_worker.CPUModelRunner

@@ -115,6 +115,12 @@ MIRRORED_FUNCTIONS: tuple[tuple[str, str, str, str], ...] = (
         "047e6a4738dead56",
         "runner.PPSpecRunnerMixin.sample_tokens (non-last branch)",
     ),
+    (
+        "vllm.utils.cpu_triton_utils",
+        "_expand_kernel_impl",
+        "b0d7df291932f1c3",
+        "cpu_expand_fix.expand_kernel (replaces it; drop it once upstream's writes its output)",
+    ),
 )
 
 
