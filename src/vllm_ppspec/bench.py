@@ -1,6 +1,6 @@
 """Benchmark: PP + speculative decoding, pipeline filled vs one batch vs no spec.
 
-    python -m vllm_ppspec.bench [--target planted|tiny] [--pp 2] [--loads 1,4,16,32]
+    python -m vllm_ppspec.bench [--target planted|smollm2|tiny] [--pp 2] [--loads 1,4,16,32]
                                 [--repeats 2] [--max-tokens 64] [--out results]
 
 Each engine configuration runs in its own fresh offline engine, interleaved
@@ -24,7 +24,9 @@ without spec. Writes ``bench-<target>.json`` and, with matplotlib,
 ``bench-<target>.png`` to ``--out``.
 
 ``--target planted``: Llama hidden 1024 x 8 layers fp32 whose greedy output
-ngram predicts (testing.bench_model); ``tiny``: the 4-layer test target.
+ngram predicts (testing.bench_model); ``smollm2``: the real SmolLM2-135M-Instruct
+(testing.real_model) on the demo's copy-heavy chat prompts, cycled to fill each
+load (ngram lookup 2-5 tokens); ``tiny``: the 4-layer test target.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import argparse
 import json
 import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,17 +51,27 @@ NGRAM = {
 PROMPT_LEN = 24
 
 
-def _target(name: str, models_dir: Path) -> tuple[str, Any]:
+def _workload(
+    name: str, models_dir: Path
+) -> tuple[str, Callable[[int, int], list[dict[str, Any]]]]:
+    """(model path, requests(n, max_tokens)) for ``--target``."""
+    if name == "smollm2":
+        from vllm_ppspec.testing import copy_prompts, real_model
+
+        model = real_model.build(models_dir)
+        return model, lambda n, max_tokens: copy_prompts.requests(model, n, max_tokens)
     if name == "planted":
         from vllm_ppspec.testing import bench_model
 
-        return bench_model.build(models_dir), bench_model.successor()
+        succ = bench_model.successor()
+        return bench_model.build(models_dir), lambda n, m: _successor_walks(succ, n, m)
     from vllm_ppspec.testing.tiny_models import build_all, successor_table
 
-    return build_all(models_dir)["target"], successor_table()
+    succ = successor_table()
+    return build_all(models_dir)["target"], lambda n, m: _successor_walks(succ, n, m)
 
 
-def _requests(succ: list[int], n: int, max_tokens: int) -> list[dict[str, Any]]:
+def _successor_walks(succ: list[int], n: int, max_tokens: int) -> list[dict[str, Any]]:
     """``n`` prompts, each a walk along the successor map (copy-friendly context)."""
     reqs = []
     for i in range(n):
@@ -70,23 +83,32 @@ def _requests(succ: list[int], n: int, max_tokens: int) -> list[dict[str, Any]]:
     return reqs
 
 
-def _configs(pp: int) -> dict[str, dict[str, Any]]:
+def _spec(target: str) -> dict[str, Any]:
+    if target == "smollm2":
+        from vllm_ppspec.testing.copy_prompts import NGRAM_LOOKUP
+
+        return {"method": "ngram", "num_speculative_tokens": K, **NGRAM_LOOKUP}
+    return NGRAM
+
+
+def _configs(pp: int, spec: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {
         "pp1 no spec": {"pp": 1, "spec": None, "worker": "stock"},
-        "pp1 spec": {"pp": 1, "spec": NGRAM, "worker": "stock"},
+        "pp1 spec": {"pp": 1, "spec": spec, "worker": "stock"},
         "no spec": {"pp": pp, "spec": None},
-        "one batch": {"pp": pp, "spec": NGRAM, "env": {"VLLM_PPSPEC_ONE_BATCH": "1"}},
-        "filled": {"pp": pp, "spec": NGRAM},
+        "one batch": {"pp": pp, "spec": spec, "env": {"VLLM_PPSPEC_ONE_BATCH": "1"}},
+        "filled": {"pp": pp, "spec": spec},
     }
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    model, succ = _target(args.target, Path(args.models_dir))
+    model, make_requests = _workload(args.target, Path(args.models_dir))
     loads = [int(x) for x in args.loads.split(",")]
-    phases = [{"name": str(n), "requests": _requests(succ, n, args.max_tokens)} for n in loads]
-    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in _configs(args.pp)}
+    phases = [{"name": str(n), "requests": make_requests(n, args.max_tokens)} for n in loads]
+    configs = _configs(args.pp, _spec(args.target))
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in configs}
     for rep in range(args.repeats):
-        for name, cfg in _configs(args.pp).items():
+        for name, cfg in configs.items():
             if cfg["pp"] == 1 and max(loads) > 1 and name.startswith("pp1"):
                 cfg = {**cfg, "phases": phases[:1]}  # the low-load reference only
             job = {
@@ -202,7 +224,7 @@ def plot(data: dict[str, Any], table: dict[str, Any], path: Path) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--target", choices=["planted", "tiny"], default="planted")
+    parser.add_argument("--target", choices=["planted", "smollm2", "tiny"], default="planted")
     parser.add_argument("--pp", type=int, default=2)
     parser.add_argument("--loads", default="1,4,16,32")
     parser.add_argument("--repeats", type=int, default=2)
