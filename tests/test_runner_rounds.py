@@ -255,3 +255,66 @@ def test_rejoining_request_gets_its_full_token_list_on_a_non_last_rank():
     # Up to the computed tokens; vLLM then appends the newest one (105).
     assert runner.requests["a"].output_token_ids == [100, 101, 102, 103, 104]
     assert runner.requests["b"].output_token_ids == []  # stayed in the batch: untouched
+
+
+class _UpstreamRunner:
+    """Stands in for GPUModelRunner's execute_model/_update_states on a non-last rank.
+
+    Like vLLM 0.32: ``_update_states`` returns the deferred count correction;
+    ``execute_model`` runs it before the forward in the mamba "align" mode and
+    otherwise never on a non-last rank (it returns the intermediate tensors
+    before the after-forward call).
+    """
+
+    align = False
+
+    def __init__(self) -> None:
+        self.corrections = 0
+
+    def _update_states(self, scheduler_output):
+        def correct_spec_decode_token_counts():
+            self.corrections += 1
+
+        return correct_spec_decode_token_counts
+
+    def execute_model(self, scheduler_output, intermediate_tensors=None):
+        from vllm.sequence import IntermediateTensors
+
+        deferred = self._update_states(scheduler_output)
+        if self.align and deferred:
+            deferred()
+            deferred = None
+        return IntermediateTensors({})
+
+
+def _deferred_corrections(align: bool, steps: int = 3) -> int:
+    from vllm_ppspec.runner import PPSpecRunnerMixin
+
+    class Runner(PPSpecRunnerMixin, _UpstreamRunner):
+        pass
+
+    runner = Runner()
+    runner.align = align
+    runner.speculative_config = SimpleNamespace(method="draft_model")
+    runner._ppspec_active = True
+    runner._ppspec_rounds = True
+    runner._ppspec_counts = None
+    runner._ppspec_is_last = False
+    runner._ppspec_deferred = None
+    runner.requests = {}
+    runner.input_batch = SimpleNamespace()
+    sched = SimpleNamespace(scheduled_cached_reqs=SimpleNamespace(req_ids=[]))
+    for _ in range(steps):
+        runner.execute_model(sched, None)
+    assert runner._ppspec_deferred is None
+    return runner.corrections
+
+
+def test_deferred_correction_runs_once_per_step_when_vllm_runs_it_first():
+    # mamba "align" mode: vLLM runs it before the forward; the mixin must not again.
+    assert _deferred_corrections(align=True) == 3
+
+
+def test_deferred_correction_runs_once_per_step_when_vllm_skips_it():
+    # Otherwise vLLM returns before its after-forward call; the mixin runs it.
+    assert _deferred_corrections(align=False) == 3

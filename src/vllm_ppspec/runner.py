@@ -322,12 +322,38 @@ class PPSpecRunnerMixin:
         ):
             self._ppspec_restore_output_tokens(scheduler_output)
         deferred = super()._update_states(scheduler_output)  # type: ignore[misc]
+        if (
+            deferred is not None
+            and getattr(self, "_ppspec_active", False)
+            and not self._ppspec_is_last
+        ):
+            deferred = self._ppspec_run_once(deferred)
         self._ppspec_deferred = deferred
         if getattr(self, "_ppspec_rounds", False) and not self._ppspec_is_last:
             self._ppspec_trim_optimistic_outputs(scheduler_output)
         if getattr(self, "_ppspec_counts", None) is not None:
             self._ppspec_restore_accepted_counts(scheduler_output)
         return deferred
+
+    def _ppspec_run_once(self, correction: Callable[[], None]) -> Callable[[], None]:
+        """Wrap vLLM's deferred async count correction so that it runs once per step.
+
+        vLLM returns the correction from ``_update_states`` and, in
+        ``GPUModelRunner.execute_model``, runs it before the forward when
+        ``mamba_cache_mode == "align"`` and otherwise after the forward, on the
+        last rank only (non-last ranks return their intermediate tensors
+        first). ``execute_model`` below runs it on non-last ranks after the
+        forward; whoever calls first clears ``_ppspec_deferred`` so the other
+        call does nothing (running it twice subtracts the correction twice).
+        """
+
+        def run() -> None:
+            if self._ppspec_deferred is not run:
+                return  # already ran this step, or belongs to an earlier step
+            self._ppspec_deferred = None
+            correction()
+
+        return run
 
     def _ppspec_restore_output_tokens(self, scheduler_output: SchedulerOutput) -> None:
         """Sync scheduling, non-last ranks: a re-joining request's full token list.
@@ -438,7 +464,9 @@ class PPSpecRunnerMixin:
                 for key in aux_hidden_state_relay_keys(self.model):  # type: ignore[attr-defined]
                     output.tensors[key] = intermediate_tensors[key]
             # vLLM runs the async spec-decode count correction after the forward
-            # on the last rank only (it returns before reaching it here).
+            # on the last rank only (it returns before reaching it here); in the
+            # mamba "align" mode it already ran it before the forward, and then
+            # this call does nothing (_ppspec_run_once).
             if self._ppspec_deferred is not None:
                 self._ppspec_deferred()
         self._ppspec_deferred = None
