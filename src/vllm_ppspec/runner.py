@@ -515,6 +515,11 @@ class PPSpecRunnerMixin:
             )
             return output
 
+        # Non-last ranks. Mirrors the non-last branch of
+        # GPUModelRunner.sample_tokens (vllm/v1/worker/gpu_model_runner.py; hash
+        # pinned in version_guard.MIRRORED_FUNCTIONS): pass the KV connector
+        # output through and receive what the last rank sampled; here the round
+        # replaces _pp_receive_prev_sampled_token_ids_to_input_batch.
         kv_connector_output = self.kv_connector_output  # type: ignore[has-type]
         self.kv_connector_output = None
         stash, self._ppspec_stash = self._ppspec_stash, None
