@@ -1,12 +1,17 @@
 """The runner mixin: speculative decoding under pipeline parallelism.
 
-This is the only module that touches vLLM's V1 runner internals (every name it
-uses is listed in :mod:`vllm_ppspec.version_guard`). It is mixed into vLLM's
-``GPUModelRunner`` (:class:`PPSpecGPUModelRunner`) and ``CPUModelRunner``
-(:class:`vllm_ppspec.cpu_runner.PPSpecCPUModelRunner`).
+Most of the code that touches vLLM's V1 runner internals is here; the rest is
+in :mod:`vllm_ppspec.cpu_runner` (the CPU runner's receive buffer),
+:mod:`vllm_ppspec.drafter_scope` (the drafter's PP view) and
+:mod:`vllm_ppspec.embedding_share` (the drafter's embedding decision). Every vLLM
+private name the package uses is listed in :mod:`vllm_ppspec.version_guard`. The
+mixin is mixed into vLLM's ``GPUModelRunner`` (:class:`PPSpecGPUModelRunner`) and
+``CPUModelRunner`` (:class:`vllm_ppspec.cpu_runner.PPSpecCPUModelRunner`).
 
-With PP = 1, without a speculative config, or with the external-launcher
-(torchrun) PP mode, every override calls straight through to vLLM.
+With PP = 1 or without a speculative config every override calls straight
+through to vLLM (``_model_forward`` only times the forward). PP + spec with the
+external-launcher (torchrun) PP mode is refused: by the config check
+(:mod:`vllm_ppspec.config_patches`) and again in ``_ppspec_setup``.
 
 Sync scheduling (PP batches in flight; docs/design.md): the scheduler output
 carries every token a rank needs. The last rank attaches each batch's drafts
