@@ -39,7 +39,7 @@ Collectives added, once after ``load_model`` on every rank of the PP group:
 header ``all_reduce``; if vLLM would share the target's embedding with the
 drafter (embedding_share.share_mode), a digest ``all_reduce`` and, if the
 drafter's values differ, a ``broadcast`` of the target's embedding from the
-first rank (transport.hand_over_embedding).
+first rank (embedding_handover.hand_over_embedding).
 
 Collectives added under async scheduling, per ``sample_tokens`` call, on every
 rank of the PP group: header ``all_reduce``, then one ``broadcast`` of the
@@ -78,18 +78,13 @@ from vllm_ppspec.accepted_counts import AcceptedCounts  # noqa: E402
 from vllm_ppspec.accounting import next_tokens_and_counts  # noqa: E402
 from vllm_ppspec.draft_delivery import attach_drafts  # noqa: E402
 from vllm_ppspec.drafter_scope import isolate_drafter  # noqa: E402
+from vllm_ppspec.embedding_handover import embedding_digest, hand_over_embedding  # noqa: E402
 from vllm_ppspec.embedding_share import (  # noqa: E402
     ShareMode,
     drafter_embedding,
     share_mode,
 )
-from vllm_ppspec.transport import (  # noqa: E402
-    Round,
-    embedding_digest,
-    hand_over_embedding,
-    recv_round,
-    send_round,
-)
+from vllm_ppspec.transport import Round, recv_round, send_round  # noqa: E402
 
 if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
@@ -249,7 +244,7 @@ class PPSpecRunnerMixin:
         rank replays vLLM's decision (embedding_share.share_mode: EAGLE/MTP
         heads, never a draft model) and the first rank sends the weights if the
         drafter does not hold them already. Every PP rank calls this once,
-        after vLLM's own load (see transport.hand_over_embedding).
+        after vLLM's own load (see embedding_handover.hand_over_embedding).
         """
         pp = get_pp_group()
         mode = ShareMode.NONE
