@@ -92,7 +92,8 @@ if TYPE_CHECKING:
 logger = init_logger("vllm.ppspec")
 
 # Fault injection for tests only: non-last ranks skip the replay of
-# _update_states_after_model_execute (hybrid models then drift).
+# _update_states_after_model_execute (hybrid models then drift). Read once, in
+# _ppspec_setup.
 FAULT_SKIP_STATE_REPLAY = "VLLM_PPSPEC_FAULT_SKIP_STATE_REPLAY"
 
 
@@ -132,6 +133,13 @@ class PPSpecRunnerMixin:
     num_spec_tokens: int
     broadcast_pp_output: bool
 
+    # Class defaults: vLLM's own __init__ may reach an override before
+    # _ppspec_setup runs; until then every override calls straight through.
+    _ppspec_active: bool = False  # speculative decoding under PP on this runner
+    _ppspec_rounds: bool = False  # ... and async scheduling: rounds over transport
+    _ppspec_counts: AcceptedCounts | None = None  # sync + hybrid: accepted counts
+    _ppspec_skip_state_replay: bool = False  # test fault injection (read at set-up)
+
     # Seconds spent in the target model's forward on this rank: the
     # benchmark's busy fraction (vLLM's workers spin while they wait, so CPU
     # time cannot tell). Read with vllm_ppspec.testing.probes.forward_seconds.
@@ -152,7 +160,7 @@ class PPSpecRunnerMixin:
         # Sync scheduling: the scheduler output carries all a rank needs, so
         # stages never wait for each other and batches fill the pipeline.
         self._ppspec_rounds = self._ppspec_active and self.use_async_scheduling
-        self._ppspec_counts: AcceptedCounts | None = (
+        self._ppspec_counts = (
             AcceptedCounts()
             if self._ppspec_active and not self.use_async_scheduling and self.model_config.is_hybrid  # type: ignore[attr-defined]
             else None
@@ -171,7 +179,8 @@ class PPSpecRunnerMixin:
             )
         if self._ppspec_is_last:
             isolate_drafter(self.drafter)  # type: ignore[attr-defined]
-        if os.environ.get(FAULT_SKIP_STATE_REPLAY) == "1":
+        self._ppspec_skip_state_replay = os.environ.get(FAULT_SKIP_STATE_REPLAY) == "1"
+        if self._ppspec_skip_state_replay:
             logger.warning(
                 "vllm-ppspec: %s=1 (test fault injection): non-last ranks will NOT "
                 "apply accepted counts; hybrid models will produce wrong tokens",
@@ -193,7 +202,7 @@ class PPSpecRunnerMixin:
     def _ppspec_without_drafter(self) -> Iterator[None]:
         saved = self.speculative_config
         if (
-            not getattr(self, "_ppspec_active", False)
+            not self._ppspec_active
             or self._ppspec_is_last
             or isinstance(saved, DrafterlessSpecConfig)
         ):
@@ -232,7 +241,7 @@ class PPSpecRunnerMixin:
     # ------------------------------------------------------------------
     def load_model(self, *args: Any, **kwargs: Any) -> Any:
         result = super().load_model(*args, **kwargs)  # type: ignore[misc]
-        if getattr(self, "_ppspec_active", False):
+        if self._ppspec_active:
             self._ppspec_hand_over_embedding()
         return result
 
@@ -296,7 +305,7 @@ class PPSpecRunnerMixin:
         return bool(eagle_config.get("use_aux_hidden_state", True))
 
     def _setup_eagle3_aux_hidden_state_outputs(self) -> None:
-        if not getattr(self, "_ppspec_active", False) or not self._ppspec_uses_eagle3_aux():
+        if not self._ppspec_active or not self._ppspec_uses_eagle3_aux():
             super()._setup_eagle3_aux_hidden_state_outputs()  # type: ignore[misc]
             return
         model = self.model  # type: ignore[attr-defined]
@@ -315,23 +324,15 @@ class PPSpecRunnerMixin:
     # Every step
     # ------------------------------------------------------------------
     def _update_states(self, scheduler_output: SchedulerOutput) -> Any:
-        if (
-            getattr(self, "_ppspec_active", False)
-            and not self._ppspec_rounds
-            and not self._ppspec_is_last
-        ):
+        if self._ppspec_active and not self._ppspec_rounds and not self._ppspec_is_last:
             self._ppspec_restore_output_tokens(scheduler_output)
         deferred = super()._update_states(scheduler_output)  # type: ignore[misc]
-        if (
-            deferred is not None
-            and getattr(self, "_ppspec_active", False)
-            and not self._ppspec_is_last
-        ):
+        if deferred is not None and self._ppspec_active and not self._ppspec_is_last:
             deferred = self._ppspec_run_once(deferred)
         self._ppspec_deferred = deferred
-        if getattr(self, "_ppspec_rounds", False) and not self._ppspec_is_last:
+        if self._ppspec_rounds and not self._ppspec_is_last:
             self._ppspec_trim_optimistic_outputs(scheduler_output)
-        if getattr(self, "_ppspec_counts", None) is not None:
+        if self._ppspec_counts is not None:
             self._ppspec_restore_accepted_counts(scheduler_output)
         return deferred
 
@@ -397,7 +398,7 @@ class PPSpecRunnerMixin:
         if event is not None:
             event.synchronize()  # the sampler's own D2H copy must not land later
         batch = self.input_batch
-        skip_replay = not self._ppspec_is_last and os.environ.get(FAULT_SKIP_STATE_REPLAY) == "1"
+        skip_replay = not self._ppspec_is_last and self._ppspec_skip_state_replay
         cached = scheduler_output.scheduled_cached_reqs
         for i, req_id in enumerate(cached.req_ids):
             if req_id in cached.resumed_req_ids:
@@ -447,7 +448,7 @@ class PPSpecRunnerMixin:
         scheduler_output: SchedulerOutput,
         intermediate_tensors: IntermediateTensors | None = None,
     ) -> Any:
-        if not getattr(self, "_ppspec_active", False) or self._ppspec_is_last:
+        if not self._ppspec_active or self._ppspec_is_last:
             return super().execute_model(  # type: ignore[misc]
                 scheduler_output, intermediate_tensors
             )
@@ -475,20 +476,20 @@ class PPSpecRunnerMixin:
     def _update_states_after_model_execute(
         self, output_token_ids: torch.Tensor, scheduler_output: SchedulerOutput
     ) -> None:
-        if getattr(self, "_ppspec_rounds", False) and self._ppspec_is_last:
+        if self._ppspec_rounds and self._ppspec_is_last:
             self._ppspec_round_sampled = output_token_ids
         super()._update_states_after_model_execute(  # type: ignore[misc]
             output_token_ids, scheduler_output
         )
 
     def _pp_broadcast_prev_sampled_token_ids(self, sampled_token_ids: torch.Tensor) -> None:
-        if getattr(self, "_ppspec_active", False):
+        if self._ppspec_active:
             # Replaced by the round transport at the end of sample_tokens.
             return
         super()._pp_broadcast_prev_sampled_token_ids(sampled_token_ids)  # type: ignore[misc]
 
     def sample_tokens(self, grammar_output: Any) -> Any:
-        if not getattr(self, "_ppspec_active", False):
+        if not self._ppspec_active:
             return super().sample_tokens(grammar_output)  # type: ignore[misc]
         if not self._ppspec_rounds:
             output = super().sample_tokens(grammar_output)  # type: ignore[misc]
@@ -547,7 +548,7 @@ class PPSpecRunnerMixin:
         # its recurrent state (vLLM returns early for other models). The
         # environment switch exists only so that a test can prove that skipping
         # this breaks hybrid models.
-        if os.environ.get(FAULT_SKIP_STATE_REPLAY) != "1":
+        if not self._ppspec_skip_state_replay:
             super()._update_states_after_model_execute(  # type: ignore[misc]
                 sampled, scheduler_output
             )
