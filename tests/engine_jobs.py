@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_ppspec.testing.jobs import JobResult, kill_session, run_job
+from vllm_ppspec.testing.jobs import JobResult, run_job
 
-__all__ = ["JobResult", "job", "kill_session", "run_job"]
+__all__ = ["JobResult", "job", "run_job"]
 
 # Prompts of different lengths, requests finishing at different steps, and a
 # prompt longer than the token budget (chunked prefill with

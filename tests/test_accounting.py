@@ -9,7 +9,6 @@ from vllm_ppspec.accounting import (
     draft_matrix,
     next_tokens_and_counts,
     pad_sampled,
-    valid_counts,
 )
 
 
@@ -47,11 +46,9 @@ def test_next_tokens_and_counts_full_partial_none_and_discarded():
         dtype=torch.int32,
     )
     discard = torch.tensor([False, False, False, True, False])
-    backup = torch.tensor([0, 0, 0, 99, 77], dtype=torch.int32)
-    nxt, cnt = next_tokens_and_counts(sampled, discard=discard, backup=backup)
-    assert nxt.tolist() == [14, 22, 31, 99, 77]
+    nxt, cnt = next_tokens_and_counts(sampled, discard=discard)
+    assert nxt.tolist() == [14, 22, 31, 0, 0]
     assert cnt.tolist() == [4, 2, 1, 0, 0]
-    assert valid_counts(sampled).tolist() == [4, 2, 1, 1, 0]
 
 
 def test_out_of_vocab_ids_are_not_counted():

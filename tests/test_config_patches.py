@@ -27,29 +27,68 @@ def target(models):
     return models["target"]
 
 
-def test_v1_async_pp_refusal_is_lifted_for_the_plugin_worker_only(target):
+PP_ASYNC = "pipeline parallelism with async scheduling"
+
+
+def _draft_copy(models):
+    return {"method": "draft_model", "model": models["draft_copy"], "num_speculative_tokens": 3}
+
+
+def test_v1_async_pp_refusal_is_lifted_for_pp_spec_with_the_plugin_worker_only(target, models):
     from vllm.config.vllm import VllmConfig
 
-    cfg = _config(target, pipeline_parallel_size=2, worker_cls=WORKER_QUALNAME)
-    cfg.scheduler_config.async_scheduling = True
-    assert "pipeline parallelism with async scheduling" not in (
-        cfg._get_v1_model_runner_unsupported_features()
-    )
-    stock = _config(target, pipeline_parallel_size=2)
-    stock.scheduler_config.async_scheduling = True
-    assert "pipeline parallelism with async scheduling" in (
-        VllmConfig._get_v1_model_runner_unsupported_features(stock)
-    )
-
-
-def test_cpu_platform_keeps_explicit_async_scheduling_for_the_plugin_worker(target):
     ours = _config(
-        target, pipeline_parallel_size=2, worker_cls=WORKER_QUALNAME, async_scheduling=True
+        target,
+        pipeline_parallel_size=2,
+        worker_cls=WORKER_QUALNAME,
+        speculative_config=_draft_copy(models),
+    )
+    ours.scheduler_config.async_scheduling = True
+    assert PP_ASYNC not in ours._get_v1_model_runner_unsupported_features()
+    # vLLM's own check, unwrapped, still refuses this config.
+    assert PP_ASYNC in VllmConfig._get_v1_model_runner_unsupported_features.__wrapped__(ours)
+    stock = _config(target, pipeline_parallel_size=2, speculative_config=_draft_copy(models))
+    stock.scheduler_config.async_scheduling = True
+    assert PP_ASYNC in stock._get_v1_model_runner_unsupported_features()
+
+
+def test_pp_async_without_spec_keeps_vllms_refusal_with_the_plugin_worker(target):
+    """Without spec the plugin changes nothing, so vLLM's #45014 refusal stands."""
+    nospec = _config(target, pipeline_parallel_size=2, worker_cls=WORKER_QUALNAME)
+    nospec.scheduler_config.async_scheduling = True
+    assert PP_ASYNC in nospec._get_v1_model_runner_unsupported_features()
+    with pytest.raises(ValueError, match="Model Runner V1 does not support: " + PP_ASYNC):
+        _config(target, pipeline_parallel_size=2, worker_cls=WORKER_QUALNAME, async_scheduling=True)
+
+
+def test_pp_async_spec_config_is_accepted_with_the_plugin_worker(target, models):
+    cfg = _config(
+        target,
+        pipeline_parallel_size=2,
+        worker_cls=WORKER_QUALNAME,
+        speculative_config=_draft_copy(models),
+        async_scheduling=True,
+    )
+    assert cfg.scheduler_config.async_scheduling is True
+
+
+def test_cpu_platform_keeps_explicit_async_scheduling_for_the_plugin_worker(target, models):
+    spec = _draft_copy(models)
+    ours = _config(
+        target,
+        pipeline_parallel_size=2,
+        worker_cls=WORKER_QUALNAME,
+        speculative_config=spec,
+        async_scheduling=True,
     )
     assert ours.scheduler_config.async_scheduling is True
-    default = _config(target, pipeline_parallel_size=2, worker_cls=WORKER_QUALNAME)
+    default = _config(
+        target, pipeline_parallel_size=2, worker_cls=WORKER_QUALNAME, speculative_config=spec
+    )
     assert default.scheduler_config.async_scheduling is False
-    stock = _config(target, pipeline_parallel_size=2, async_scheduling=True)
+    stock = _config(
+        target, pipeline_parallel_size=2, speculative_config=spec, async_scheduling=True
+    )
     assert stock.scheduler_config.async_scheduling is False  # vLLM's CPU behaviour
 
 
@@ -111,7 +150,7 @@ def test_sync_pp_spec_fills_the_pipeline_with_the_plugin_scheduler(target, monke
 
 
 def test_async_pp_spec_keeps_two_batches_and_vllms_scheduler(target, models):
-    spec = {"method": "draft_model", "model": models["draft_copy"], "num_speculative_tokens": 3}
+    spec = _draft_copy(models)
     cfg = _config(
         target,
         pipeline_parallel_size=2,

@@ -12,8 +12,13 @@ import torch
 import torch.distributed as dist
 
 from tests.distributed import run_ranks
+from vllm_ppspec.embedding_handover import (
+    EmbeddingHandoverError,
+    embedding_digest,
+    hand_over_embedding,
+)
 from vllm_ppspec.embedding_share import ShareMode, share_mode
-from vllm_ppspec.transport import RoundDivergenceError, embedding_digest, hand_over_embedding
+from vllm_ppspec.transport import RoundDivergenceError
 
 
 def _proposer(cls: type, model: object) -> object:
@@ -76,7 +81,8 @@ def _hand_over_all(rank: int, world: int) -> list[tuple[str, str, list | None]]:
                 mode=int(mode) if rank == world - 1 else 0,
                 want_digest=lambda m=mine: embedding_digest(m),  # type: ignore[misc]
             )
-        except RoundDivergenceError as e:
+        except EmbeddingHandoverError as e:
+            assert not isinstance(e, RoundDivergenceError)  # a load-time error, not a round's
             out.append((name, "raised", None))
             assert "embedding" in str(e)
             continue

@@ -214,26 +214,19 @@ def _sched(cached, computed, scheduled, drafts, resumed=(), finished=(), all_tok
 
 
 def _accepted_counts_after_rejoin(skip: bool) -> list[int]:
-    import os
-
-    os.environ.pop("VLLM_PPSPEC_FAULT_SKIP_STATE_REPLAY", None)
-    if skip:
-        os.environ["VLLM_PPSPEC_FAULT_SKIP_STATE_REPLAY"] = "1"
-    try:
-        runner = _sync_runner(is_last=False)
-        # Round 1: a, b, c at 10 computed tokens, each 1 token + 3 drafts.
-        runner._ppspec_restore_accepted_counts(
-            _sched("abc", [10] * 3, {r: 4 for r in "abc"}, {r: 3 for r in "abc"})
-        )
-        # They re-join the batch (vLLM resets their rows to 1). The scheduler
-        # rolled back rejections: 3, 1 and 0 drafts accepted; c was resumed.
-        runner.input_batch.req_id_to_index = {"c": 0, "a": 1, "b": 2}
-        runner._ppspec_restore_accepted_counts(
-            _sched("abc", [14, 12, 0], {r: 4 for r in "abc"}, {}, resumed="c")
-        )
-        return runner.input_batch.num_accepted_tokens_cpu[:3].tolist()
-    finally:
-        os.environ.pop("VLLM_PPSPEC_FAULT_SKIP_STATE_REPLAY", None)
+    runner = _sync_runner(is_last=False)
+    runner._ppspec_skip_state_replay = skip  # what _ppspec_setup read from the env
+    # Round 1: a, b, c at 10 computed tokens, each 1 token + 3 drafts.
+    runner._ppspec_restore_accepted_counts(
+        _sched("abc", [10] * 3, {r: 4 for r in "abc"}, {r: 3 for r in "abc"})
+    )
+    # They re-join the batch (vLLM resets their rows to 1). The scheduler
+    # rolled back rejections: 3, 1 and 0 drafts accepted; c was resumed.
+    runner.input_batch.req_id_to_index = {"c": 0, "a": 1, "b": 2}
+    runner._ppspec_restore_accepted_counts(
+        _sched("abc", [14, 12, 0], {r: 4 for r in "abc"}, {}, resumed="c")
+    )
+    return runner.input_batch.num_accepted_tokens_cpu[:3].tolist()
 
 
 def test_sync_accepted_counts_are_rebuilt_by_request_when_requests_rejoin():
@@ -255,3 +248,112 @@ def test_rejoining_request_gets_its_full_token_list_on_a_non_last_rank():
     # Up to the computed tokens; vLLM then appends the newest one (105).
     assert runner.requests["a"].output_token_ids == [100, 101, 102, 103, 104]
     assert runner.requests["b"].output_token_ids == []  # stayed in the batch: untouched
+
+
+class _UpstreamRunner:
+    """Stands in for GPUModelRunner's execute_model/_update_states on a non-last rank.
+
+    Like vLLM 0.32: ``_update_states`` returns the deferred count correction;
+    ``execute_model`` runs it before the forward in the mamba "align" mode and
+    otherwise never on a non-last rank (it returns the intermediate tensors
+    before the after-forward call).
+    """
+
+    align = False
+
+    def __init__(self) -> None:
+        self.corrections = 0
+
+    def _update_states(self, scheduler_output):
+        def correct_spec_decode_token_counts():
+            self.corrections += 1
+
+        return correct_spec_decode_token_counts
+
+    def execute_model(self, scheduler_output, intermediate_tensors=None):
+        from vllm.sequence import IntermediateTensors
+
+        deferred = self._update_states(scheduler_output)
+        if self.align and deferred:
+            deferred()
+            deferred = None
+        return IntermediateTensors({})
+
+
+def _deferred_corrections(align: bool, steps: int = 3) -> int:
+    from vllm_ppspec.runner import PPSpecRunnerMixin
+
+    class Runner(PPSpecRunnerMixin, _UpstreamRunner):
+        pass
+
+    runner = Runner()
+    runner.align = align
+    runner.speculative_config = SimpleNamespace(method="draft_model")
+    runner._ppspec_active = True
+    runner._ppspec_rounds = True
+    runner._ppspec_counts = None
+    runner._ppspec_is_last = False
+    runner._ppspec_deferred = None
+    runner.requests = {}
+    runner.input_batch = SimpleNamespace()
+    sched = SimpleNamespace(scheduled_cached_reqs=SimpleNamespace(req_ids=[]))
+    for _ in range(steps):
+        runner.execute_model(sched, None)
+    assert runner._ppspec_deferred is None
+    return runner.corrections
+
+
+def test_deferred_correction_runs_once_per_step_when_vllm_runs_it_first():
+    # mamba "align" mode: vLLM runs it before the forward; the mixin must not again.
+    assert _deferred_corrections(align=True) == 3
+
+
+def test_deferred_correction_runs_once_per_step_when_vllm_skips_it():
+    # Otherwise vLLM returns before its after-forward call; the mixin runs it.
+    assert _deferred_corrections(align=False) == 3
+
+
+def _set_up_runner(monkeypatch, spec: bool):
+    import vllm_ppspec.runner as runner_mod
+
+    class Runner(runner_mod.PPSpecRunnerMixin, _UpstreamRunner):
+        pass
+
+    pp = SimpleNamespace(world_size=2, is_last_rank=False, rank_in_group=0)
+    monkeypatch.setattr(runner_mod, "get_pp_group", lambda: pp)
+    runner = Runner()
+    runner.speculative_config = SimpleNamespace(method="draft_model") if spec else None
+    runner.use_async_scheduling = False
+    runner.model_config = SimpleNamespace(is_hybrid=True)
+    runner.broadcast_pp_output = False
+    runner.num_spec_tokens = K if spec else 0
+    runner._ppspec_setup()
+    return runner
+
+
+def test_fault_injection_switch_is_read_once_at_set_up(monkeypatch):
+    from vllm_ppspec.runner import FAULT_SKIP_STATE_REPLAY
+
+    monkeypatch.setenv(FAULT_SKIP_STATE_REPLAY, "1")
+    runner = _set_up_runner(monkeypatch, spec=True)
+    monkeypatch.delenv(FAULT_SKIP_STATE_REPLAY)
+    assert runner._ppspec_skip_state_replay is True  # a later change of the env is ignored
+    monkeypatch.setenv(FAULT_SKIP_STATE_REPLAY, "1")
+    assert _set_up_runner(monkeypatch, spec=False)._ppspec_skip_state_replay is False
+    monkeypatch.delenv(FAULT_SKIP_STATE_REPLAY)
+    assert _set_up_runner(monkeypatch, spec=True)._ppspec_skip_state_replay is False
+
+
+def test_overrides_call_straight_through_before_set_up():
+    """vLLM's own __init__ may reach an override before _ppspec_setup ran."""
+    from vllm.sequence import IntermediateTensors
+
+    from vllm_ppspec.runner import PPSpecRunnerMixin
+
+    class Runner(PPSpecRunnerMixin, _UpstreamRunner):
+        pass
+
+    runner = Runner()  # no _ppspec_* instance attributes yet: the class defaults
+    sched = SimpleNamespace(scheduled_cached_reqs=SimpleNamespace(req_ids=[]))
+    assert isinstance(runner.execute_model(sched, None), IntermediateTensors)
+    assert runner.corrections == 0  # vLLM's own order: not run on a non-last rank

@@ -1,8 +1,8 @@
 """Two-process gloo tests of the round transport (last rank = rank 1 of PP=2).
 
-Each test forks two ranks (tests.distributed.run_ranks); a rank that hangs is
-killed after a bounded time and
-fails the test.
+Each test starts two ranks in fresh spawned processes
+(tests.distributed.run_ranks); a rank that hangs is killed after a bounded time
+and fails the test.
 """
 
 from __future__ import annotations

@@ -67,3 +67,33 @@ def test_plugin_register_refuses_another_version():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0
     assert "found vLLM 0.40.0" in proc.stderr
+
+
+def _copy_source(where: str) -> str:
+    import importlib
+    import inspect
+
+    module, _, attr = where.split(" ")[0].partition(".")
+    obj: object = importlib.import_module(f"vllm_ppspec.{module}")
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return inspect.getsource(obj)  # type: ignore[arg-type]
+
+
+def test_every_copy_of_upstream_logic_is_pinned_and_names_its_upstream_function():
+    pinned = {where for _, _, _, where in version_guard.MIRRORED_FUNCTIONS}
+    for copy in (
+        "runner.PPSpecRunnerMixin._ppspec_trim_optimistic_outputs",
+        "runner.PPSpecRunnerMixin._ppspec_record_placeholders",
+        "runner.PPSpecRunnerMixin.sample_tokens (non-last branch)",
+    ):
+        assert copy in pinned, copy
+    for module, qualname, _, where in version_guard.MIRRORED_FUNCTIONS:
+        # The copy still exists under that name, and says beside it which
+        # upstream function (and file) it mirrors.
+        source = _copy_source(where)
+        if module.startswith("vllm.v1.worker"):
+            assert qualname in source, (where, qualname)
+            assert module.replace(".", "/") + ".py" in source, (where, module)
+        else:
+            assert qualname.split(".")[-1] in source, (where, qualname)

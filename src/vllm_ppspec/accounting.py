@@ -55,26 +55,18 @@ def draft_matrix(
     return out
 
 
-def valid_counts(sampled: torch.Tensor, vocab_size: int | None = None) -> torch.Tensor:
-    """Number of valid sampled tokens per row (accepted drafts + 1), int32."""
-    valid = sampled != PAD_ID
-    if vocab_size is not None:
-        valid &= sampled < vocab_size
-    return valid.sum(dim=1, dtype=torch.int32)
-
-
 def next_tokens_and_counts(
     sampled: torch.Tensor,
     discard: torch.Tensor | None = None,
     vocab_size: int | None = None,
-    backup: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Next input token and valid-token count per request, from the sampled matrix.
 
     Mirrors vLLM's ``prepare_next_token_ids_padded``: a request's next token is
     its last valid sampled token; a discarded request (a partial prefill whose
-    sample is thrown away) gets count 0 and its ``backup`` token (0 if none
-    given). Returns int32 tensors ``(next_token_ids [rows], counts [rows])``.
+    sample is thrown away) or a row without a valid token gets count 0 and next
+    token 0 (its next input ids come from the CPU token ids, not from this).
+    Returns int32 tensors ``(next_token_ids [rows], counts [rows])``.
     """
     rows = sampled.shape[0]
     valid = sampled != PAD_ID
@@ -84,12 +76,12 @@ def next_tokens_and_counts(
     cols = torch.arange(sampled.shape[1], device=sampled.device).expand_as(sampled)
     last_idx = torch.where(valid, cols, torch.full_like(cols, -1)).max(dim=1).values
     last_tok = sampled.gather(1, last_idx.clamp(min=0).unsqueeze(1)).squeeze(1)
-    if backup is None:
-        backup = torch.zeros(rows, dtype=torch.int32, device=sampled.device)
-    use_backup = counts == 0
+    none = counts == 0
     if discard is not None:
         discard = discard[:rows].to(device=sampled.device, dtype=torch.bool)
-        use_backup = use_backup | discard
+        none = none | discard
         counts = torch.where(discard, torch.zeros_like(counts), counts)
-    next_ids = torch.where(use_backup, backup.to(torch.int32), last_tok.to(torch.int32))
+    next_ids = torch.where(
+        none, torch.zeros_like(last_tok, dtype=torch.int32), last_tok.to(torch.int32)
+    )
     return next_ids, counts

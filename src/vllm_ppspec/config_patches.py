@@ -4,10 +4,14 @@ Installed by :func:`vllm_ppspec.plugin.register` in every vLLM process. Each
 patch wraps one vLLM function and calls it unchanged unless
 ``parallel_config.worker_cls`` names a vllm-ppspec worker:
 
-* ``VllmConfig._get_v1_model_runner_unsupported_features``: drops
-  "pipeline parallelism with async scheduling" (the plugin implements it) and
-  adds the PP + speculative combinations the plugin does not support, so vLLM
-  raises its usual ``ValueError`` naming them.
+* ``VllmConfig._get_v1_model_runner_unsupported_features``: under PP +
+  speculative decoding, drops "pipeline parallelism with async scheduling"
+  (the plugin runs that combination, see below) and adds the PP + speculative
+  combinations the plugin does not support, so vLLM raises its usual
+  ``ValueError`` naming them. Without speculative decoding vLLM's refusal
+  stays: vLLM refuses PP + async scheduling on the V1 runner because
+  structured outputs desync the grammar FSM there (vLLM issue #45014, the
+  note in that function), and the plugin changes nothing on that path.
 * ``VllmConfig.use_v2_model_runner``: False (the plugin extends the V1 runner);
   an explicit ``VLLM_USE_V2_MODEL_RUNNER=1`` is refused with a ValueError.
 * ``CpuPlatform.check_and_update_config``: keeps an explicit
@@ -97,7 +101,9 @@ def _wrap_unsupported_features(original: Any) -> Any:
         unsupported = list(original(self))
         if not plugin_worker_selected(self):
             return unsupported
-        if self.speculative_config is not None or self.parallel_config.pipeline_parallel_size > 1:
+        if spec_pp_active(self):
+            # Only PP + spec runs the plugin's async round. Without spec the
+            # V1 runner's own PP + async path runs, which vLLM refuses (#45014).
             unsupported = [u for u in unsupported if u != PP_ASYNC_REFUSAL]
         return unsupported + pp_spec_unsupported(self)
 

@@ -31,7 +31,7 @@ from typing import Any
 
 
 class ShareMode(enum.IntEnum):
-    """Values travel in the hand-over header (transport.hand_over_embedding)."""
+    """Values travel in the hand-over header (embedding_handover.hand_over_embedding)."""
 
     NONE = 0
     ALWAYS = 1

@@ -1,12 +1,17 @@
 """The runner mixin: speculative decoding under pipeline parallelism.
 
-This is the only module that touches vLLM's V1 runner internals (every name it
-uses is listed in :mod:`vllm_ppspec.version_guard`). It is mixed into vLLM's
-``GPUModelRunner`` (:class:`PPSpecGPUModelRunner`) and ``CPUModelRunner``
-(:class:`vllm_ppspec.cpu_runner.PPSpecCPUModelRunner`).
+Most of the code that touches vLLM's V1 runner internals is here; the rest is
+in :mod:`vllm_ppspec.cpu_runner` (the CPU runner's receive buffer),
+:mod:`vllm_ppspec.drafter_scope` (the drafter's PP view) and
+:mod:`vllm_ppspec.embedding_share` (the drafter's embedding decision). Every vLLM
+private name the package uses is listed in :mod:`vllm_ppspec.version_guard`. The
+mixin is mixed into vLLM's ``GPUModelRunner`` (:class:`PPSpecGPUModelRunner`) and
+``CPUModelRunner`` (:class:`vllm_ppspec.cpu_runner.PPSpecCPUModelRunner`).
 
-With PP = 1, without a speculative config, or with the external-launcher
-(torchrun) PP mode, every override calls straight through to vLLM.
+With PP = 1 or without a speculative config every override calls straight
+through to vLLM (``_model_forward`` only times the forward). PP + spec with the
+external-launcher (torchrun) PP mode is refused: by the config check
+(:mod:`vllm_ppspec.config_patches`) and again in ``_ppspec_setup``.
 
 Sync scheduling (PP batches in flight; docs/design.md): the scheduler output
 carries every token a rank needs. The last rank attaches each batch's drafts
@@ -34,7 +39,7 @@ Collectives added, once after ``load_model`` on every rank of the PP group:
 header ``all_reduce``; if vLLM would share the target's embedding with the
 drafter (embedding_share.share_mode), a digest ``all_reduce`` and, if the
 drafter's values differ, a ``broadcast`` of the target's embedding from the
-first rank (transport.hand_over_embedding).
+first rank (embedding_handover.hand_over_embedding).
 
 Collectives added under async scheduling, per ``sample_tokens`` call, on every
 rank of the PP group: header ``all_reduce``, then one ``broadcast`` of the
@@ -73,18 +78,13 @@ from vllm_ppspec.accepted_counts import AcceptedCounts  # noqa: E402
 from vllm_ppspec.accounting import next_tokens_and_counts  # noqa: E402
 from vllm_ppspec.draft_delivery import attach_drafts  # noqa: E402
 from vllm_ppspec.drafter_scope import isolate_drafter  # noqa: E402
+from vllm_ppspec.embedding_handover import embedding_digest, hand_over_embedding  # noqa: E402
 from vllm_ppspec.embedding_share import (  # noqa: E402
     ShareMode,
     drafter_embedding,
     share_mode,
 )
-from vllm_ppspec.transport import (  # noqa: E402
-    Round,
-    embedding_digest,
-    hand_over_embedding,
-    recv_round,
-    send_round,
-)
+from vllm_ppspec.transport import Round, recv_round, send_round  # noqa: E402
 
 if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
@@ -92,7 +92,8 @@ if TYPE_CHECKING:
 logger = init_logger("vllm.ppspec")
 
 # Fault injection for tests only: non-last ranks skip the replay of
-# _update_states_after_model_execute (hybrid models then drift).
+# _update_states_after_model_execute (hybrid models then drift). Read once, in
+# _ppspec_setup.
 FAULT_SKIP_STATE_REPLAY = "VLLM_PPSPEC_FAULT_SKIP_STATE_REPLAY"
 
 
@@ -132,6 +133,13 @@ class PPSpecRunnerMixin:
     num_spec_tokens: int
     broadcast_pp_output: bool
 
+    # Class defaults: vLLM's own __init__ may reach an override before
+    # _ppspec_setup runs; until then every override calls straight through.
+    _ppspec_active: bool = False  # speculative decoding under PP on this runner
+    _ppspec_rounds: bool = False  # ... and async scheduling: rounds over transport
+    _ppspec_counts: AcceptedCounts | None = None  # sync + hybrid: accepted counts
+    _ppspec_skip_state_replay: bool = False  # test fault injection (read at set-up)
+
     # Seconds spent in the target model's forward on this rank: the
     # benchmark's busy fraction (vLLM's workers spin while they wait, so CPU
     # time cannot tell). Read with vllm_ppspec.testing.probes.forward_seconds.
@@ -152,7 +160,7 @@ class PPSpecRunnerMixin:
         # Sync scheduling: the scheduler output carries all a rank needs, so
         # stages never wait for each other and batches fill the pipeline.
         self._ppspec_rounds = self._ppspec_active and self.use_async_scheduling
-        self._ppspec_counts: AcceptedCounts | None = (
+        self._ppspec_counts = (
             AcceptedCounts()
             if self._ppspec_active and not self.use_async_scheduling and self.model_config.is_hybrid  # type: ignore[attr-defined]
             else None
@@ -171,7 +179,8 @@ class PPSpecRunnerMixin:
             )
         if self._ppspec_is_last:
             isolate_drafter(self.drafter)  # type: ignore[attr-defined]
-        if os.environ.get(FAULT_SKIP_STATE_REPLAY) == "1":
+        self._ppspec_skip_state_replay = os.environ.get(FAULT_SKIP_STATE_REPLAY) == "1"
+        if self._ppspec_skip_state_replay:
             logger.warning(
                 "vllm-ppspec: %s=1 (test fault injection): non-last ranks will NOT "
                 "apply accepted counts; hybrid models will produce wrong tokens",
@@ -193,7 +202,7 @@ class PPSpecRunnerMixin:
     def _ppspec_without_drafter(self) -> Iterator[None]:
         saved = self.speculative_config
         if (
-            not getattr(self, "_ppspec_active", False)
+            not self._ppspec_active
             or self._ppspec_is_last
             or isinstance(saved, DrafterlessSpecConfig)
         ):
@@ -232,7 +241,7 @@ class PPSpecRunnerMixin:
     # ------------------------------------------------------------------
     def load_model(self, *args: Any, **kwargs: Any) -> Any:
         result = super().load_model(*args, **kwargs)  # type: ignore[misc]
-        if getattr(self, "_ppspec_active", False):
+        if self._ppspec_active:
             self._ppspec_hand_over_embedding()
         return result
 
@@ -244,7 +253,7 @@ class PPSpecRunnerMixin:
         rank replays vLLM's decision (embedding_share.share_mode: EAGLE/MTP
         heads, never a draft model) and the first rank sends the weights if the
         drafter does not hold them already. Every PP rank calls this once,
-        after vLLM's own load (see transport.hand_over_embedding).
+        after vLLM's own load (see embedding_handover.hand_over_embedding).
         """
         pp = get_pp_group()
         mode = ShareMode.NONE
@@ -296,7 +305,7 @@ class PPSpecRunnerMixin:
         return bool(eagle_config.get("use_aux_hidden_state", True))
 
     def _setup_eagle3_aux_hidden_state_outputs(self) -> None:
-        if not getattr(self, "_ppspec_active", False) or not self._ppspec_uses_eagle3_aux():
+        if not self._ppspec_active or not self._ppspec_uses_eagle3_aux():
             super()._setup_eagle3_aux_hidden_state_outputs()  # type: ignore[misc]
             return
         model = self.model  # type: ignore[attr-defined]
@@ -315,19 +324,37 @@ class PPSpecRunnerMixin:
     # Every step
     # ------------------------------------------------------------------
     def _update_states(self, scheduler_output: SchedulerOutput) -> Any:
-        if (
-            getattr(self, "_ppspec_active", False)
-            and not self._ppspec_rounds
-            and not self._ppspec_is_last
-        ):
+        if self._ppspec_active and not self._ppspec_rounds and not self._ppspec_is_last:
             self._ppspec_restore_output_tokens(scheduler_output)
         deferred = super()._update_states(scheduler_output)  # type: ignore[misc]
+        if deferred is not None and self._ppspec_active and not self._ppspec_is_last:
+            deferred = self._ppspec_run_once(deferred)
         self._ppspec_deferred = deferred
-        if getattr(self, "_ppspec_rounds", False) and not self._ppspec_is_last:
+        if self._ppspec_rounds and not self._ppspec_is_last:
             self._ppspec_trim_optimistic_outputs(scheduler_output)
-        if getattr(self, "_ppspec_counts", None) is not None:
+        if self._ppspec_counts is not None:
             self._ppspec_restore_accepted_counts(scheduler_output)
         return deferred
+
+    def _ppspec_run_once(self, correction: Callable[[], None]) -> Callable[[], None]:
+        """Wrap vLLM's deferred async count correction so that it runs once per step.
+
+        vLLM returns the correction from ``_update_states`` and, in
+        ``GPUModelRunner.execute_model``, runs it before the forward when
+        ``mamba_cache_mode == "align"`` and otherwise after the forward, on the
+        last rank only (non-last ranks return their intermediate tensors
+        first). ``execute_model`` below runs it on non-last ranks after the
+        forward; whoever calls first clears ``_ppspec_deferred`` so the other
+        call does nothing (running it twice subtracts the correction twice).
+        """
+
+        def run() -> None:
+            if self._ppspec_deferred is not run:
+                return  # already ran this step, or belongs to an earlier step
+            self._ppspec_deferred = None
+            correction()
+
+        return run
 
     def _ppspec_restore_output_tokens(self, scheduler_output: SchedulerOutput) -> None:
         """Sync scheduling, non-last ranks: a re-joining request's full token list.
@@ -371,7 +398,7 @@ class PPSpecRunnerMixin:
         if event is not None:
             event.synchronize()  # the sampler's own D2H copy must not land later
         batch = self.input_batch
-        skip_replay = not self._ppspec_is_last and os.environ.get(FAULT_SKIP_STATE_REPLAY) == "1"
+        skip_replay = not self._ppspec_is_last and self._ppspec_skip_state_replay
         cached = scheduler_output.scheduled_cached_reqs
         for i, req_id in enumerate(cached.req_ids):
             if req_id in cached.resumed_req_ids:
@@ -421,7 +448,7 @@ class PPSpecRunnerMixin:
         scheduler_output: SchedulerOutput,
         intermediate_tensors: IntermediateTensors | None = None,
     ) -> Any:
-        if not getattr(self, "_ppspec_active", False) or self._ppspec_is_last:
+        if not self._ppspec_active or self._ppspec_is_last:
             return super().execute_model(  # type: ignore[misc]
                 scheduler_output, intermediate_tensors
             )
@@ -438,7 +465,9 @@ class PPSpecRunnerMixin:
                 for key in aux_hidden_state_relay_keys(self.model):  # type: ignore[attr-defined]
                     output.tensors[key] = intermediate_tensors[key]
             # vLLM runs the async spec-decode count correction after the forward
-            # on the last rank only (it returns before reaching it here).
+            # on the last rank only (it returns before reaching it here); in the
+            # mamba "align" mode it already ran it before the forward, and then
+            # this call does nothing (_ppspec_run_once).
             if self._ppspec_deferred is not None:
                 self._ppspec_deferred()
         self._ppspec_deferred = None
@@ -447,20 +476,20 @@ class PPSpecRunnerMixin:
     def _update_states_after_model_execute(
         self, output_token_ids: torch.Tensor, scheduler_output: SchedulerOutput
     ) -> None:
-        if getattr(self, "_ppspec_rounds", False) and self._ppspec_is_last:
+        if self._ppspec_rounds and self._ppspec_is_last:
             self._ppspec_round_sampled = output_token_ids
         super()._update_states_after_model_execute(  # type: ignore[misc]
             output_token_ids, scheduler_output
         )
 
     def _pp_broadcast_prev_sampled_token_ids(self, sampled_token_ids: torch.Tensor) -> None:
-        if getattr(self, "_ppspec_active", False):
+        if self._ppspec_active:
             # Replaced by the round transport at the end of sample_tokens.
             return
         super()._pp_broadcast_prev_sampled_token_ids(sampled_token_ids)  # type: ignore[misc]
 
     def sample_tokens(self, grammar_output: Any) -> Any:
-        if not getattr(self, "_ppspec_active", False):
+        if not self._ppspec_active:
             return super().sample_tokens(grammar_output)  # type: ignore[misc]
         if not self._ppspec_rounds:
             output = super().sample_tokens(grammar_output)  # type: ignore[misc]
@@ -487,6 +516,11 @@ class PPSpecRunnerMixin:
             )
             return output
 
+        # Non-last ranks. Mirrors the non-last branch of
+        # GPUModelRunner.sample_tokens (vllm/v1/worker/gpu_model_runner.py; hash
+        # pinned in version_guard.MIRRORED_FUNCTIONS): pass the KV connector
+        # output through and receive what the last rank sampled; here the round
+        # replaces _pp_receive_prev_sampled_token_ids_to_input_batch.
         kv_connector_output = self.kv_connector_output  # type: ignore[has-type]
         self.kv_connector_output = None
         stash, self._ppspec_stash = self._ppspec_stash, None
@@ -514,7 +548,7 @@ class PPSpecRunnerMixin:
         # its recurrent state (vLLM returns early for other models). The
         # environment switch exists only so that a test can prove that skipping
         # this breaks hybrid models.
-        if os.environ.get(FAULT_SKIP_STATE_REPLAY) != "1":
+        if not self._ppspec_skip_state_replay:
             super()._update_states_after_model_execute(  # type: ignore[misc]
                 sampled, scheduler_output
             )

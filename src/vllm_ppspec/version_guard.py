@@ -24,6 +24,11 @@ PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._update_states_after_model_execute"),
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._copy_valid_sampled_token_count"),
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._pp_broadcast_prev_sampled_token_ids"),
+    # Neither overridden nor called: listed because the mixin's
+    # _ppspec_record_placeholders copies its bookkeeping and the non-last branch
+    # of sample_tokens replaces the call to it, so a vLLM that renames or drops
+    # it has changed the path those copies stand in for (its body is pinned
+    # in MIRRORED_FUNCTIONS below).
     (
         "vllm.v1.worker.gpu_model_runner",
         "GPUModelRunner._pp_receive_prev_sampled_token_ids_to_input_batch",

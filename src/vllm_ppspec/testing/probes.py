@@ -7,8 +7,8 @@ from typing import Any
 
 def drafter_embedding_digest(worker: Any) -> int | None:
     """Digest of the drafter's token embedding on this rank (None without a drafter)."""
+    from vllm_ppspec.embedding_handover import embedding_digest
     from vllm_ppspec.embedding_share import drafter_embedding
-    from vllm_ppspec.transport import embedding_digest
 
     embed = drafter_embedding(getattr(worker.model_runner, "drafter", None))
     weight = getattr(embed, "weight", None)
@@ -21,7 +21,7 @@ def checkpoint_embedding_digest(model_dir: str) -> int:
 
     from safetensors import safe_open
 
-    from vllm_ppspec.transport import embedding_digest
+    from vllm_ppspec.embedding_handover import embedding_digest
 
     for path in sorted(Path(model_dir).glob("*.safetensors")):
         with safe_open(str(path), framework="pt") as f:

@@ -4,7 +4,7 @@ No model hub: weights come from fixed seeds and hand-set structure, written as f
 safetensors next to a ``config.json`` and the word-level tokenizer of
 :mod:`vllm_ppspec.testing.tiny_models` (same ids: ``wN`` is token ``N``; 0-2 special)::
 
-    paths = build_hybrid(tmp_root)   # {"hybrid_copy": ..., "hybrid_random": ...}
+    paths = build_hybrid(tmp_root)   # {"hybrid_copy": ..., "hybrid_random": ..., ...}
     LLM(model=paths["hybrid_copy"], dtype="bfloat16", enable_prefix_caching=False,
         speculative_config={"method": "mtp", "num_speculative_tokens": 3})
 
@@ -13,9 +13,11 @@ Fixtures
 ``hybrid_copy``    ``Qwen3NextForCausalLM`` whose MTP layer proposes ``SUCC[token]``
                    (right whenever the target does not take a memory jump: ~80% per token).
 ``hybrid_random``  same target weights, random ``mtp.*`` weights (~0% accepted).
+``hybrid9_copy``   ``hybrid_copy``'s rule on 9 layers ``[linear, linear, full] x 3``, for PP=3.
 
 Architecture: hidden 128, vocab 512, 6 layers ``[linear, linear, full, linear, linear, full]``
-(vLLM splits them 3+3 for PP=2 and 2+2+2 for PP=3: every stage holds a GDN layer), GDN with
+(vLLM splits them 3+3 for PP=2; at PP=3, 2+2+2 would leave the first stage without an
+attention layer, which vLLM 0.32 refuses, hence ``hybrid9_copy``: 3+3+3), GDN with
 1 key / 1 value head of dim 128 (conv kernel 4), full attention 2 heads / 1 KV head of dim
 64, every MLP a 4-expert MoE (top-2, expert/shared width 64), ``num_nextn_predict_layers=1``.
 vLLM runs it only in bf16 (the CPU GDN kernels require it) and without prefix caching.
@@ -389,7 +391,7 @@ def _build_one(root: Path, name: str) -> Path:
 
 
 def build_hybrid(root: str | os.PathLike[str]) -> dict[str, str]:
-    """Build (or reuse if complete) ``hybrid_copy`` and ``hybrid_random`` under ``root``."""
+    """Build (or reuse if complete) every fixture in :data:`FIXTURES` under ``root``."""
     root_path = Path(root).resolve()
     root_path.mkdir(parents=True, exist_ok=True)
     return {name: str(_build_one(root_path, name)) for name in FIXTURES}

@@ -4,9 +4,9 @@ Nothing here touches a model hub: every fixture is generated from fixed seeds, w
 float32 safetensors next to a ``config.json`` and a word-level tokenizer, and cached on
 disk.  :func:`build_all` is the entry point::
 
-    paths = build_all(tmp_root)          # {"target": ".../target", "eagle3": ..., ...}
+    paths = build_all(tmp_root)          # {"target": ".../target", "eagle3_succ": ..., ...}
     LLM(model=paths["target"], speculative_config={"method": "eagle3",
-                                                  "model": paths["eagle3"], ...})
+                                                  "model": paths["eagle3_succ"], ...})
 
 Fixtures
 --------
@@ -15,8 +15,8 @@ Fixtures
 ``draft_random``  ``draft_model`` drafter: independent random 1-layer Llama (~0% accepted).
 ``draft_narrow``  ``draft_model`` drafter of hidden 64, 1 layer, own embedding (~0% accepted).
 ``draft_wide``    ``draft_model`` drafter of hidden 256, 2 layers, own embedding (~0% accepted).
-``eagle3``        EAGLE-3 drafter (``LlamaForCausalLMEagle3``), random weights (~0% accepted).
-``eagle3_succ``   EAGLE-3 drafter hand-set to propose ``SUCC[token]`` (partial acceptance).
+``eagle3_succ``   EAGLE-3 drafter (``LlamaForCausalLMEagle3``) hand-set to propose
+                  ``SUCC[token]`` (partial acceptance).
 ``eagle``         EAGLE (v1) drafter hand-set to propose ``SUCC[token]`` (partial acceptance).
 ``mimo``          MiMo (Qwen2) target whose MTP layer is hand-set to propose ``SUCC[token]``;
                   use ``{"method": "mtp", "num_speculative_tokens": k}`` (partial acceptance).
@@ -94,7 +94,6 @@ FIXTURES = (
     "draft_random",
     "draft_narrow",
     "draft_wide",
-    "eagle3",
     "eagle3_succ",
     "eagle",
     "mimo",
@@ -406,10 +405,10 @@ def _random_llama_tensors(seed: int, num_layers: int, hidden: int = HIDDEN) -> T
     return sd
 
 
-def _eagle3_tensors(seed: int, succ: bool) -> Tensors:
+def _eagle3_tensors(seed: int) -> Tensors:
     """EAGLE-3 drafter: ``midlayer.*`` (q/k/v over 2H), ``fc`` [H, 3H], ``norm``, ``lm_head``.
 
-    With ``succ`` the weights are hand-set: ``hidden_norm`` is zero and the config sets
+    Hand-set over random draws: ``hidden_norm`` is zero and the config sets
     ``norm_before_residual``, so target/draft hidden states are ignored; q/k are the target's
     layer-0 self head over the embedding half; v/o copy the token part; the own ``lm_head``
     maps it to ``SUCC[token]``.
@@ -424,11 +423,6 @@ def _eagle3_tensors(seed: int, succ: bool) -> Tensors:
     sd.update(_attn_mlp(gen, p, 0.02, qkv_in=2 * HIDDEN))
     sd["fc.weight"] = _randn(gen, HIDDEN, len(EAGLE3_AUX_LAYERS) * HIDDEN, std=0.02)
     sd["norm.weight"] = torch.ones(HIDDEN)
-    if not succ:
-        head = _randn(gen, VOCAB_SIZE, HIDDEN, std=0.5)
-        head[:NUM_SPECIAL] = 0.0
-        sd["lm_head.weight"] = head
-        return sd
     planted = _planted_layers()
 
     def widen(w: torch.Tensor) -> torch.Tensor:  # act on the embedding half only
@@ -570,10 +564,9 @@ def _fixture_specs() -> dict[str, Spec]:
             _llama_config(2, **_width(WIDE)),
             _random_llama_tensors(seed=4003, num_layers=2, hidden=WIDE),
         ),
-        "eagle3": lambda: (_llama_config(1, **eagle3_extra), _eagle3_tensors(5001, succ=False)),
         "eagle3_succ": lambda: (
             _llama_config(1, norm_before_residual=True, **eagle3_extra),
-            _eagle3_tensors(5002, succ=True),
+            _eagle3_tensors(5002),
         ),
         "eagle": lambda: (_llama_config(1), _eagle_tensors(6001)),
         "mimo": lambda: (_qwen2_mimo_config(), _mimo_tensors()),
