@@ -41,7 +41,8 @@ def expand_kernel(
 
     Mirrors the Triton kernel ``expand_kernel`` in
     vllm/v1/sample/rejection_sampler.py: request ``i`` covers
-    ``cu_num_tokens[i-1]:cu_num_tokens[i]`` (0 for the first).
+    ``cu_num_tokens[i-1]:cu_num_tokens[i]`` (0 for the first). Replaces vLLM's
+    CPU fallback ``_expand_kernel_impl`` in vllm/utils/cpu_triton_utils.py.
     """
     del MAX_NUM_TOKENS  # the Triton kernel's block size; not a bound here
     ends = cu_num_tokens.to(torch.long)
