@@ -25,6 +25,7 @@ TOKEN_BUDGET = 64
 SAMPLED_REQUESTS: list[dict[str, Any]] = [
     {"prompt_token_ids": [12, 13, 14], "max_tokens": 25, "temperature": 1.0},
     {"prompt_token_ids": [200, 201], "max_tokens": 19, "temperature": 1.0},
+    {"prompt_token_ids": [7, 8], "max_tokens": 17, "temperature": 0.8, "top_p": 0.9, "top_k": 20},
 ]
 
 

@@ -149,18 +149,23 @@ def test_pp3_draft_model_matches_pp1_without_spec(models, baseline):
     _check_acceptance("draft_copy", res.result["spec"])
 
 
-def test_temperature_one_requests_complete_beside_greedy_ones(models):
-    """Sampled (temperature 1.0) and greedy requests in one batch complete.
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_greedy_tokens_unchanged_beside_sampled_requests(models, baseline, mode):
+    """Greedy and sampled (temperature 1.0 / 0.8 with top-p and top-k) requests
+    in the same speculative batches: the greedy ones keep PP=1's tokens.
 
-    Token ids are not compared: on vLLM 0.32's CPU backend, mixing temperature
-    1.0 requests into a speculative batch changes the greedy requests' tokens
-    at PP=1 with the stock worker too (measured; sync and async scheduling).
+    Before cpu_expand_fix, vLLM 0.32's CPU rejection sampler divided every
+    row's logits, greedy rows included, by leftover memory whenever a batch held
+    a sampled request (measured with vLLM's own worker at PP=1 too).
     """
     target, spec = _spec(models, "eagle3")
     requests = GREEDY_REQUESTS + SAMPLED_REQUESTS
-    res = run_job(job(models[target], pp=2, spec=spec, async_scheduling=True, requests=requests))
+    res = run_job(
+        job(models[target], pp=2, spec=spec, async_scheduling=(mode == "async"), requests=requests)
+    )
     assert res.returncode == 0, res.log[-8000:]
-    for req, out in zip(requests, res.outputs, strict=True):
+    assert res.outputs[: len(GREEDY_REQUESTS)] == baseline[target]
+    for req, out in zip(SAMPLED_REQUESTS, res.outputs[len(GREEDY_REQUESTS) :], strict=True):
         assert len(out) == req["max_tokens"]
         assert all(0 <= t < 512 for t in out)
     assert res.result["spec"]["drafts"] > 0

@@ -13,7 +13,9 @@ vLLM's default), ``async_scheduling`` (true/false/null), ``enforce_eager``,
 ``phases`` (benchmark mode, see :func:`run_phases`),
 ``probe_drafter_embedding`` (report each rank's drafter embedding digest),
 ``requests``: a list of ``{"prompt_token_ids": [...], "max_tokens": n,
-"temperature": t, "seed": s, "logprobs": n}``.
+"temperature": t, "top_p": p, "top_k": k, "seed": s, "logprobs": n,
+"structured": {"regex": ...} or {"json": schema}}`` (EOS is ignored except for
+structured requests, whose grammar ends on it).
 
 Output: ``{"outputs": [[token ids] per request], "top2_gaps": [per-position
 top-1 minus top-2 log-probability, or null, per request], "spec": {"accepted",
@@ -161,15 +163,22 @@ def _params(requests: list[dict[str, Any]]) -> tuple[list[Any], list[Any]]:
     """Prompts and sampling parameters of a job's requests (see the module docstring)."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
+    from vllm.sampling_params import StructuredOutputsParams
 
     prompts = [TokensPrompt(prompt_token_ids=r["prompt_token_ids"]) for r in requests]
     params = [
         SamplingParams(
             max_tokens=r["max_tokens"],
             temperature=r.get("temperature", 0.0),
+            top_p=r.get("top_p", 1.0),
+            top_k=r.get("top_k", 0),
             seed=r.get("seed"),
             logprobs=r.get("logprobs"),
-            ignore_eos=True,
+            # A grammar ends on EOS: structured requests stop there.
+            ignore_eos="structured" not in r,
+            structured_outputs=(
+                StructuredOutputsParams(**r["structured"]) if "structured" in r else None
+            ),
         )
         for r in requests
     ]
