@@ -76,3 +76,86 @@ def test_real_model_pp2_spec_matches_pp1_without_spec(real, real_baseline, metho
         assert stats["accepted"] > 0.2 * stats["drafts"], stats
     else:
         assert 0 < stats["accepted"] < 0.2 * stats["drafts"], stats
+
+
+# Structured outputs: constrained greedy requests (regex, JSON schema) in flight
+# with unconstrained ones and a sampled constrained one (temperature 1.0: what
+# made vLLM's CPU sampler emit token 0 for a grammar that can end, before
+# cpu_expand_fix). Each must match its grammar; greedy ones equal PP=1 without spec.
+DAYS = "(Monday|Tuesday|Wednesday|Thursday|Friday|Saturday|Sunday)"
+CAPITAL_SCHEMA = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "country": {"type": "string"}},
+    "required": ["city", "country"],
+    "additionalProperties": False,
+}
+STRUCTURED = [
+    ("Is Paris the capital of France? Answer yes or no.", {"regex": "(yes|no)"}),
+    ("How many days are in a week? Answer with a number.", {"regex": "[0-9]{1,2}"}),
+    ("Give the capital of France and its country as JSON.", {"json": CAPITAL_SCHEMA}),
+    ("List the days of the week, separated by commas.", {"regex": f"{DAYS}(, {DAYS}){{6}}"}),
+    ("Name one day of the week.", {"regex": DAYS}),
+]
+
+
+def _matches(text: str, structured: dict) -> bool:
+    import json
+    import re
+
+    if "regex" in structured:
+        return re.fullmatch(structured["regex"], text) is not None
+    value = json.loads(text)
+    return set(value) == {"city", "country"} and all(isinstance(v, str) for v in value.values())
+
+
+@pytest.fixture(scope="module")
+def structured_requests(real):
+    prompts = [p for p, _ in STRUCTURED]
+    ids = copy_prompts.chat_token_ids(real["target"], prompts)
+    constrained = [
+        {"prompt_token_ids": i, "max_tokens": 64, "structured": s}
+        for i, (_, s) in zip(ids, STRUCTURED, strict=True)
+    ]
+    sampled = {
+        **constrained[0],
+        "temperature": 1.0,
+        "seed": 7,
+        "structured": {"regex": "(yes|no)"},
+    }
+    return constrained + real["requests"][:2] + [sampled]  # + two copy prompts, one sampled
+
+
+@pytest.fixture(scope="module")
+def structured_baseline(real, structured_requests):
+    res = run_job(job(real["target"], worker="stock", requests=structured_requests, **REAL))
+    assert res.returncode == 0, res.log[-6000:]
+    return res.outputs
+
+
+@pytest.mark.parametrize("method,mode", [("ngram", "sync"), ("draft_model", "async")])
+def test_structured_outputs_under_pp_spec_match_grammar_and_pp1(
+    real, structured_requests, structured_baseline, method, mode
+):
+    spec = spec_configs.real(method, K, real["target"], real["drafter"])
+    res = run_job(
+        job(
+            real["target"],
+            pp=2,
+            spec=spec,
+            async_scheduling=(mode == "async"),
+            requests=structured_requests,
+            **REAL,
+        ),
+        timeout=900,
+    )
+    assert res.returncode == 0, res.log[-8000:]
+    assert "grammar rejected" not in res.log and "Failed to advance FSM" not in res.log
+    tok = real["tokenizer"]
+    for req, out in zip(structured_requests, res.outputs, strict=True):
+        if "structured" in req:
+            text = tok.decode(out, skip_special_tokens=True)
+            assert _matches(text, req["structured"]), (req["structured"], text)
+    greedy = [i for i, r in enumerate(structured_requests) if not r.get("temperature")]
+    differ = [i for i in greedy if res.outputs[i] != structured_baseline[i]]
+    assert not differ, f"requests differing from PP=1 without spec: {differ}"
+    assert res.result["spec"]["drafts"] > 0
