@@ -10,6 +10,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 import torch
 
 from tests.distributed import run_ranks
@@ -357,3 +358,29 @@ def test_overrides_call_straight_through_before_set_up():
     sched = SimpleNamespace(scheduled_cached_reqs=SimpleNamespace(req_ids=[]))
     assert isinstance(runner.execute_model(sched, None), IntermediateTensors)
     assert runner.corrections == 0  # vLLM's own order: not run on a non-last rank
+
+
+def test_eagle3_under_pp_refuses_a_target_without_aux_hidden_states_over_pp():
+    """vLLM's V2-runner check, called by the mixin before it sets up the relay."""
+    from types import SimpleNamespace
+
+    from vllm_ppspec.runner import require_aux_hidden_states_over_pp
+
+    class Decoder:  # a decoder without supports_aux_hidden_states_over_pp
+        pass
+
+    with pytest.raises(ValueError, match="does not pass EAGLE-3 auxiliary hidden states"):
+        require_aux_hidden_states_over_pp(SimpleNamespace(model=Decoder()))
+
+    class AuxDecoder:
+        supports_aux_hidden_states_over_pp = True
+
+    require_aux_hidden_states_over_pp(SimpleNamespace(model=AuxDecoder()))
+
+
+def test_vllm_marks_llama_but_not_qwen3_next_as_shipping_aux_states_over_pp():
+    from vllm.model_executor.models.llama import LlamaModel
+    from vllm.model_executor.models.qwen3_next import Qwen3NextModel
+
+    assert LlamaModel.supports_aux_hidden_states_over_pp
+    assert not getattr(Qwen3NextModel, "supports_aux_hidden_states_over_pp", False)

@@ -8,9 +8,10 @@ from vllm.v1.worker.cpu_worker import CPUWorker  # noqa: E402
 import vllm_ppspec.cpu_runner as _cpu_runner  # runs the version guard first
 from vllm_ppspec import cpu_expand_fix
 from vllm_ppspec.config_patches import require_installed
+from vllm_ppspec.rank_errors import RankErrorsEndEngine
 
 
-class PPSpecCPUWorker(CPUWorker):
+class PPSpecCPUWorker(RankErrorsEndEngine, CPUWorker):
     def init_device(self) -> None:
         # With the patches installed, use_v2_model_runner is False for this
         # worker (or VLLM_USE_V2_MODEL_RUNNER=1 was refused already).

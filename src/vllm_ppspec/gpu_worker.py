@@ -5,10 +5,11 @@ from __future__ import annotations
 from vllm.v1.worker.gpu_worker import Worker  # noqa: E402
 
 from vllm_ppspec.config_patches import require_installed
+from vllm_ppspec.rank_errors import RankErrorsEndEngine
 from vllm_ppspec.runner import PPSpecGPUModelRunner  # runs the version guard first
 
 
-class PPSpecGPUWorker(Worker):
+class PPSpecGPUWorker(RankErrorsEndEngine, Worker):
     def _make_model_runner(self) -> PPSpecGPUModelRunner:
         # With the patches installed, use_v2_model_runner is False for this
         # worker (or VLLM_USE_V2_MODEL_RUNNER=1 was refused already).

@@ -51,7 +51,6 @@ raises only after both completed. Under sync scheduling none are added.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -71,9 +70,11 @@ from vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils import (  # noqa: E402
     aux_hidden_state_relay_keys,
     reserve_aux_intermediate_tensor_slots,
     set_eagle3_aux_hidden_state_layers,
+    verify_supports_aux_hidden_states_over_pp,
 )
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner  # noqa: E402
 
+from vllm_ppspec import faults  # noqa: E402
 from vllm_ppspec.accepted_counts import AcceptedCounts  # noqa: E402
 from vllm_ppspec.accounting import next_tokens_and_counts  # noqa: E402
 from vllm_ppspec.draft_delivery import attach_drafts  # noqa: E402
@@ -91,10 +92,7 @@ if TYPE_CHECKING:
 
 logger = init_logger("vllm.ppspec")
 
-# Fault injection for tests only: non-last ranks skip the replay of
-# _update_states_after_model_execute (hybrid models then drift). Read once, in
-# _ppspec_setup.
-FAULT_SKIP_STATE_REPLAY = "VLLM_PPSPEC_FAULT_SKIP_STATE_REPLAY"
+FAULT_SKIP_STATE_REPLAY = faults.SKIP_STATE_REPLAY  # test fault injection (faults.py)
 
 
 class MissingStashError(RuntimeError):
@@ -121,6 +119,23 @@ class DrafterlessSpecConfig:
         return getattr(self._real, name)
 
 
+def require_aux_hidden_states_over_pp(model: Any) -> None:
+    """Refuse EAGLE-3 under PP for a target that cannot ship its auxiliary states.
+
+    vLLM's V2 runner makes the same check (``verify_supports_aux_hidden_states_over_pp``);
+    without it the later helpers return silently and the drafter gets no states.
+    """
+    try:
+        verify_supports_aux_hidden_states_over_pp(model, "eagle3")
+    except ValueError as e:
+        raise ValueError(
+            f"vllm-ppspec: {e}: the target's decoder does not pass EAGLE-3 auxiliary "
+            "hidden states between PP stages (vLLM's supports_aux_hidden_states_over_pp: "
+            "Llama, Qwen2 and models built on them). Use --pipeline-parallel-size 1 "
+            "for EAGLE-3 with this model, or another method (eagle, draft_model, ngram, mtp)."
+        ) from e
+
+
 class PPSpecRunnerMixin:
     """Mixin for vLLM's V1 GPUModelRunner (and its CPU subclass)."""
 
@@ -139,6 +154,8 @@ class PPSpecRunnerMixin:
     _ppspec_rounds: bool = False  # ... and async scheduling: rounds over transport
     _ppspec_counts: AcceptedCounts | None = None  # sync + hybrid: accepted counts
     _ppspec_skip_state_replay: bool = False  # test fault injection (read at set-up)
+    _ppspec_faults: faults.Faults = faults.Faults()
+    _ppspec_step: int = 0  # non-last ranks: execute_model calls (for fault injection)
 
     # Seconds spent in the target model's forward on this rank: the
     # benchmark's busy fraction (vLLM's workers spin while they wait, so CPU
@@ -179,12 +196,11 @@ class PPSpecRunnerMixin:
             )
         if self._ppspec_is_last:
             isolate_drafter(self.drafter)  # type: ignore[attr-defined]
-        self._ppspec_skip_state_replay = os.environ.get(FAULT_SKIP_STATE_REPLAY) == "1"
-        if self._ppspec_skip_state_replay:
+        self._ppspec_faults = faults.Faults.from_env()
+        self._ppspec_skip_state_replay = self._ppspec_faults.skip_state_replay
+        if self._ppspec_faults.any():
             logger.warning(
-                "vllm-ppspec: %s=1 (test fault injection): non-last ranks will NOT "
-                "apply accepted counts; hybrid models will produce wrong tokens",
-                FAULT_SKIP_STATE_REPLAY,
+                "vllm-ppspec: test fault injection on non-last ranks: %s", self._ppspec_faults
             )
         logger.info(
             "vllm-ppspec: PP rank %d/%d, speculative method %s, k=%d, %s scheduling",
@@ -309,6 +325,7 @@ class PPSpecRunnerMixin:
             super()._setup_eagle3_aux_hidden_state_outputs()  # type: ignore[misc]
             return
         model = self.model  # type: ignore[attr-defined]
+        require_aux_hidden_states_over_pp(model)  # same model class: every rank raises
         if self._ppspec_is_last:
             # vLLM sets the layers; the receive buffer also needs the slots of
             # the auxiliary states computed on earlier stages.
@@ -453,6 +470,9 @@ class PPSpecRunnerMixin:
                 scheduler_output, intermediate_tensors
             )
         self._ppspec_deferred = None
+        self._ppspec_step += 1
+        if self._ppspec_faults.fires("raise", self._ppspec_step):
+            raise faults.InjectedFault(f"raise@{self._ppspec_step} on a non-last PP rank")
         output = super().execute_model(  # type: ignore[misc]
             scheduler_output, intermediate_tensors
         )
@@ -524,6 +544,8 @@ class PPSpecRunnerMixin:
         kv_connector_output = self.kv_connector_output  # type: ignore[has-type]
         self.kv_connector_output = None
         stash, self._ppspec_stash = self._ppspec_stash, None
+        if self._ppspec_faults.fires("drop_stash", self._ppspec_step):
+            stash = None
         rnd = recv_round(
             pp.cpu_group, pp.last_rank, self.input_batch.num_reqs, self.num_spec_tokens
         )

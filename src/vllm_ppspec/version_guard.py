@@ -53,6 +53,10 @@ PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
         "reserve_aux_intermediate_tensor_slots",
     ),
     ("vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils", "aux_hidden_state_relay_keys"),
+    (
+        "vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils",
+        "verify_supports_aux_hidden_states_over_pp",
+    ),
     # Drafter methods run under a single-stage PP view on the last rank.
     ("vllm.v1.spec_decode.llm_base_proposer", "SpecDecodeBaseProposer._get_model"),
     (

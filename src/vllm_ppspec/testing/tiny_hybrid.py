@@ -171,7 +171,7 @@ def reference_acceptance(prompt: Sequence[int], max_tokens: int, k: int) -> tupl
         return drafts
 
     ref = greedy_reference(prompt, max_tokens + k + 1)
-    return simulate_acceptance(list(prompt), ref, max_tokens, k, propose)
+    return simulate_acceptance(list(prompt), ref, max_tokens, propose)
 
 
 def _embeddings() -> torch.Tensor:

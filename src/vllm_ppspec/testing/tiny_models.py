@@ -181,14 +181,23 @@ def reference_acceptance(
 ) -> tuple[int, int]:
     """(accepted, drafted) tokens of one greedy request with ``k`` speculative tokens.
 
-    ``drafter`` is ``"succ"`` (``eagle``, ``eagle3_succ``, ``mimo``'s MTP layer) or
-    ``"copy"`` (``draft_copy``).  Models vLLM's accounting: the prefill step emits one
-    token, then every round drafts ``k`` tokens until ``max_tokens`` are reached (the last
-    round is counted in full even when the request needs fewer tokens).
+    ``drafter`` is ``"succ"`` (``eagle``, ``eagle3_succ``, ``mimo``'s MTP layer),
+    ``"copy"`` (``draft_copy``) or ``"ngram"`` (prompt lookup, n-grams of 1-3 tokens,
+    vLLM's own matching function). Models vLLM's accounting: the prefill step emits
+    one token, then every round drafts (``k`` tokens, or what ngram finds) until
+    ``max_tokens`` are reached (the last round counted in full).
     """
     succ = _tables()[0]
 
     def propose(ctx: list[int]) -> list[int]:
+        if drafter == "ngram":
+            import numpy as np
+            from vllm.v1.spec_decode.ngram_proposer import (
+                _find_longest_matched_ngram_and_propose_tokens as lookup,
+            )
+
+            found = lookup(np.array(ctx, dtype=np.int32), 1, 3, MAX_POSITIONS, k)
+            return [int(t) for t in found]
         drafts: list[int] = []
         for _ in range(k):
             if drafter == "succ":
@@ -200,30 +209,30 @@ def reference_acceptance(
         return drafts
 
     ref = greedy_reference(prompt, max_tokens + k + 1)
-    return simulate_acceptance(list(prompt), ref, max_tokens, k, propose)
+    return simulate_acceptance(list(prompt), ref, max_tokens, propose)
 
 
 def simulate_acceptance(
     prompt: list[int],
     ref: list[int],
     max_tokens: int,
-    k: int,
     propose: Callable[[list[int]], list[int]],
 ) -> tuple[int, int]:
-    """(accepted, drafted) for greedy output ``ref`` when ``propose(context)`` drafts k tokens.
+    """(accepted, drafted) for greedy output ``ref`` when ``propose(context)`` drafts.
 
     vLLM's accounting: the prefill step emits one token, then every round drafts
-    ``k`` tokens until ``max_tokens`` are reached.
+    until ``max_tokens`` are reached; each round accepts the drafts' longest
+    prefix that matches ``ref`` and adds one token of its own.
     """
     out = ref[:1]
     accepted = drafted = 0
     while len(out) < max_tokens:
         drafts = propose(prompt + out)
         n = 0
-        while n < k and drafts[n] == ref[len(out) + n]:
+        while n < len(drafts) and drafts[n] == ref[len(out) + n]:
             n += 1
         accepted += n
-        drafted += k
+        drafted += len(drafts)
         out = ref[: len(out) + n + 1]
     return accepted, drafted
 

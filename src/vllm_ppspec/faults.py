@@ -1,0 +1,53 @@
+"""Fault injection for tests: switches read once, when the runner is set up.
+
+``VLLM_PPSPEC_FAULT_SKIP_STATE_REPLAY=1``: non-last ranks skip the replay of
+``_update_states_after_model_execute`` (hybrid models then drift).
+
+``VLLM_PPSPEC_FAULT=<kind>@<n>`` on non-last ranks, at their n-th step (1-based):
+
+* ``drop_stash@n``: ``sample_tokens`` finds no stashed scheduler output
+  (``MissingStashError``; async scheduling, where rounds are applied);
+* ``raise@n``: ``execute_model`` raises before the forward (any mode).
+
+These exist so that tests can show a broken invariant is caught and that an
+error on a rank vLLM does not read replies from still ends the engine.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+SKIP_STATE_REPLAY = "VLLM_PPSPEC_FAULT_SKIP_STATE_REPLAY"
+FAULT = "VLLM_PPSPEC_FAULT"
+KINDS = ("drop_stash", "raise")
+
+
+class InjectedFault(RuntimeError):
+    """Raised by the ``raise@n`` switch."""
+
+
+@dataclass(frozen=True)
+class Faults:
+    skip_state_replay: bool = False
+    kind: str | None = None
+    at_step: int = 0
+
+    @classmethod
+    def from_env(cls) -> Faults:
+        spec = os.environ.get(FAULT, "")
+        kind, at = None, 0
+        if spec:
+            kind, _, n = spec.partition("@")
+            if kind not in KINDS or not n.isdigit() or int(n) < 1:
+                raise ValueError(
+                    f"{FAULT}={spec!r}: expected <kind>@<step>, kind one of {KINDS}, step >= 1"
+                )
+            at = int(n)
+        return cls(os.environ.get(SKIP_STATE_REPLAY) == "1", kind, at)
+
+    def any(self) -> bool:
+        return self.skip_state_replay or self.kind is not None
+
+    def fires(self, kind: str, step: int) -> bool:
+        return self.kind == kind and step == self.at_step

@@ -1,0 +1,83 @@
+"""An error on a rank vLLM does not read replies from ends the engine.
+
+vLLM's mp executor sends each ``execute_model`` / ``sample_tokens`` call to
+every worker but reads the reply of one rank only (the last PP stage's first
+TP rank). An exception on another rank is logged there and dropped
+(``WorkerProc._execute_worker_rpc`` in vllm/v1/executor/multiproc_executor.py),
+and the engine carries on: under PP + speculative decoding that means a round
+whose state was not applied on that rank, and wrong tokens later.
+
+With the plugin active, such a rank logs the error and ends its process; vLLM's
+worker monitor (``MultiprocExecutor.start_worker_monitor``) then shuts the
+executor down and the engine fails (requests get an error, ``/health`` stops
+answering 200). Errors that every rank raises in step (``RoundDivergenceError``)
+are left to the output rank, which reports them with their message.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Any
+
+from vllm.distributed.parallel_state import get_pp_group, get_tp_group
+from vllm.logger import init_logger
+
+from vllm_ppspec.transport import RoundDivergenceError
+
+logger = init_logger(__name__)
+EXIT_CODE = 70  # EX_SOFTWARE
+
+
+def is_output_rank() -> bool:
+    """The rank whose replies vLLM's executor reads: last PP stage, first TP rank."""
+    return get_pp_group().is_last_rank and get_tp_group().rank_in_group == 0
+
+
+def end_worker(error: BaseException, call: str) -> None:
+    logger.error(
+        "vllm-ppspec: %s failed on PP rank %d, whose replies vLLM's executor does not "
+        "read: ending this worker so that vLLM stops the engine. Error: %r",
+        call,
+        get_pp_group().rank_in_group,
+        error,
+        exc_info=error,
+    )
+    for handler in logging.getLogger("vllm").handlers:
+        handler.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(EXIT_CODE)
+
+
+class RankErrorsEndEngine:
+    """Worker mixin: ``execute_model`` and ``sample_tokens`` under the rule above."""
+
+    model_runner: Any
+
+    def _ppspec_guarded(self, call: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except RoundDivergenceError:
+            raise
+        except Exception as e:
+            if getattr(self.model_runner, "_ppspec_active", False) and not is_output_rank():
+                end_worker(e, call)
+            raise
+
+    def execute_model(self, *args: Any, **kwargs: Any) -> Any:
+        return self._ppspec_guarded(
+            "execute_model",
+            super().execute_model,  # type: ignore[misc]
+            *args,
+            **kwargs,
+        )
+
+    def sample_tokens(self, *args: Any, **kwargs: Any) -> Any:
+        return self._ppspec_guarded(
+            "sample_tokens",
+            super().sample_tokens,  # type: ignore[misc]
+            *args,
+            **kwargs,
+        )

@@ -1,0 +1,52 @@
+"""An error on a non-last PP rank ends the engine (rank_errors.py), through vLLM's
+own mp executor, which reads only the last rank's replies.
+
+Faults are injected on the non-last rank with ``VLLM_PPSPEC_FAULT``
+(faults.py): a missing stash (async: the round cannot be applied) and an
+exception in ``execute_model`` (sync and async). Before rank_errors.py the
+first was logged on that rank and generation completed normally, the round's
+state update skipped in silence. Each job must fail, within a bound, with the
+error named in the log.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.engine_jobs import job, run_job
+
+pytestmark = pytest.mark.e2e
+
+BOUND_S = 240  # engine start-up (about 30 s here) + failing + shutting down
+
+
+@pytest.mark.parametrize(
+    "fault,mode,error",
+    [
+        ("drop_stash@4", "async", "MissingStashError"),
+        ("raise@4", "sync", "InjectedFault"),
+        ("raise@4", "async", "InjectedFault"),
+    ],
+)
+def test_error_on_a_non_last_rank_ends_the_engine(models, fault, mode, error):
+    spec = {"method": "draft_model", "model": models["draft_copy"], "num_speculative_tokens": 3}
+    t0 = time.monotonic()
+    res = run_job(
+        job(
+            models["target"],
+            pp=2,
+            spec=spec,
+            async_scheduling=(mode == "async"),
+            env={"VLLM_PPSPEC_FAULT": fault},
+        ),
+        timeout=BOUND_S,
+    )
+    elapsed = time.monotonic() - t0
+    assert "TIMEOUT" not in res.log, res.log[-4000:]
+    assert res.returncode != 0, "generation completed despite the fault:\n" + res.log[-4000:]
+    assert error in res.log, res.log[-6000:]
+    assert "ending this worker so that vLLM stops the engine" in res.log, res.log[-6000:]
+    assert res.result is None  # no outputs were written
+    print(f"{fault} {mode}: engine stopped, job ended after {elapsed:.0f}s")
