@@ -17,6 +17,9 @@ Fixtures
 ``draft_wide``    ``draft_model`` drafter of hidden 256, 2 layers, own embedding (~0% accepted).
 ``eagle3_succ``   EAGLE-3 drafter (``LlamaForCausalLMEagle3``) hand-set to propose
                   ``SUCC[token]`` (partial acceptance).
+``eagle3_aux``    EAGLE-3 drafter whose first draft reads the token from the target's
+                  layer-1 auxiliary hidden state only (acceptance collapses if it is
+                  zero or misplaced; see :func:`_eagle3_aux_tensors`).
 ``eagle``         EAGLE (v1) drafter hand-set to propose ``SUCC[token]`` (partial acceptance).
 ``mimo``          MiMo (Qwen2) target whose MTP layer is hand-set to propose ``SUCC[token]``;
                   use ``{"method": "mtp", "num_speculative_tokens": k}`` (partial acceptance).
@@ -95,6 +98,7 @@ FIXTURES = (
     "draft_narrow",
     "draft_wide",
     "eagle3_succ",
+    "eagle3_aux",
     "eagle",
     "mimo",
 )
@@ -182,10 +186,12 @@ def reference_acceptance(
     """(accepted, drafted) tokens of one greedy request with ``k`` speculative tokens.
 
     ``drafter`` is ``"succ"`` (``eagle``, ``eagle3_succ``, ``mimo``'s MTP layer),
-    ``"copy"`` (``draft_copy``) or ``"ngram"`` (prompt lookup, n-grams of 1-3 tokens,
-    vLLM's own matching function). Models vLLM's accounting: the prefill step emits
-    one token, then every round drafts (``k`` tokens, or what ngram finds) until
-    ``max_tokens`` are reached (the last round counted in full).
+    ``"aux"`` (``eagle3_aux``: ``SUCC[SUCC[token two back]]``, see
+    :func:`_eagle3_aux_tensors`), ``"copy"`` (``draft_copy``) or ``"ngram"`` (prompt
+    lookup, n-grams of 1-3 tokens, vLLM's own matching function). Models vLLM's
+    accounting: the prefill step emits one token, then every round drafts (``k``
+    tokens, or what ngram finds) until ``max_tokens`` are reached (the last round
+    counted in full).
     """
     succ = _tables()[0]
 
@@ -202,6 +208,8 @@ def reference_acceptance(
         for _ in range(k):
             if drafter == "succ":
                 drafts.append(succ[(ctx + drafts)[-1]])
+            elif drafter == "aux":
+                drafts.append(succ[succ[(ctx + drafts)[-2]]])
             elif drafter == "copy":
                 drafts.append(greedy_reference(ctx + drafts, 1)[0])
             else:
@@ -451,6 +459,89 @@ def _eagle3_tensors(seed: int) -> Tensors:
     return sd
 
 
+_AUX_BALLAST_DIM = 0  # eagle3_aux: the drafter writes a large constant here, always
+_AUX_BALLAST = 1.0e4
+_AUX_EMB_GAIN = 0.25  # o_proj gain of the embedding read by the previous-position head
+
+
+def _eagle3_aux_tensors(seed: int) -> Tensors:
+    """EAGLE-3 drafter whose first draft takes the token from auxiliary hidden state 0 only.
+
+    vLLM feeds the drafter, at position ``i``, the target's auxiliary states at ``i`` (they
+    hold the token ``x_i`` the target read there) with the embedding of the token sampled
+    after it (``x_{i+1}``): the states lag the input token by one.  The planted weights
+    (config: ``norm_before_residual``, ``attention_bias``; everything else zero):
+
+    * ``fc`` copies the token dims ``_Z`` of the first auxiliary state (the input of
+      layer 1: embedding + layer 0, whose writes to ``_Z`` are ``z[x_i]`` and small noise)
+      into ``_Z``; states 2 and 3 get zero weights.  ``hidden_norm`` (ones) makes it the
+      residual, of norm ``sqrt(H)`` along ``z[x_i]``.
+    * ``lm_head`` row ``u`` is ``z[PRED[PRED[u]]]``: a ``_Z`` part ``z[s]`` votes
+      ``SUCC[SUCC[s]]``.
+    * ``o_proj``'s bias writes ``_AUX_BALLAST`` into dim 0 of every output.  The first
+      step's hidden input (``fc``'s output) has none; later steps get the previous
+      output, where it dominates ``hidden_norm``'s RMS, shrinking the carried ``_Z`` part
+      several hundred-fold, and makes dim 0 ~``sqrt(H)``.
+    * Head 0's query reads only dim 0 of the hidden half (a previous-position RoPE
+      query); its key is the target's position key over the embedding half; the value
+      is the embedding's token part, added to ``_Z`` with gain ``_AUX_EMB_GAIN``.  Head 1
+      is off.  In the first step the query is zero, so the head averages the embeddings
+      of the context evenly (a weak leak, 0.25 x a mix of tokens); from the second step
+      on it reads the input token of the previous step.
+
+    So draft 1 = ``SUCC[SUCC[x_i]]`` from the auxiliary state alone, draft ``j > 1`` =
+    ``SUCC[SUCC[input token of step j-1]]``: ``SUCC[SUCC[token two back]]`` throughout
+    (``reference_acceptance(..., drafter="aux")``), which is ``eagle3_succ``'s chain
+    whenever the token before the last context token is "off".  That token is "on" after
+    every rejection, so over 64-token requests (k=3) it accepts about 2/3 of
+    ``eagle3_succ``'s tokens at under half its acceptance rate (0.19 vs 0.41).  With
+    that state zero, draft 1 is the argmax of the leak; with the state of another
+    position it is the successor's successor of another token.
+    """
+    gen = _gen(seed)
+    p = "midlayer."
+    sd: Tensors = {
+        p + "input_layernorm.weight": torch.ones(HIDDEN),
+        p + "hidden_norm.weight": torch.ones(HIDDEN),
+        p + "post_attention_layernorm.weight": torch.ones(HIDDEN),
+    }
+    sd.update(_attn_mlp(gen, p, 0.02, qkv_in=2 * HIDDEN))
+    sd["norm.weight"] = torch.ones(HIDDEN)
+    planted = _planted_layers()
+    fc = torch.zeros(HIDDEN, len(EAGLE3_AUX_LAYERS) * HIDDEN)
+    fc[_Z, _Z] = torch.eye(_NZ)  # first auxiliary state only
+    sd["fc.weight"] = fc
+
+    half = HEAD_DIM // 2
+    theta = ROPE_THETA ** (-torch.arange(0, HEAD_DIM, 2, dtype=torch.float64) / HEAD_DIM)
+    q = torch.zeros(NUM_HEADS * HEAD_DIM, 2 * HIDDEN, dtype=torch.float64)
+    col = HIDDEN + _AUX_BALLAST_DIM  # dim 0 of the hidden half, ~sqrt(H) after hidden_norm
+    q[:half, col] = torch.cos(theta) * _QK_GAIN / math.sqrt(HIDDEN)  # offset 1
+    q[half:HEAD_DIM, col] = -torch.sin(theta) * _QK_GAIN / math.sqrt(HIDDEN)
+    sd[p + "self_attn.q_proj.weight"] = q.float()
+    # k: the target's position key, v: the token part, both over the embedding half.
+    for name, w in (("k", planted["k0"]), ("v", planted["v"])):
+        sd[p + f"self_attn.{name}_proj.weight"] = torch.cat([w, torch.zeros_like(w)], 1).float()
+    o = torch.zeros(HIDDEN, NUM_HEADS * HEAD_DIM)
+    o[_Z, :HEAD_DIM] = _AUX_EMB_GAIN * torch.eye(_NZ)
+    sd[p + "self_attn.o_proj.weight"] = o
+    o_bias = torch.zeros(HIDDEN)
+    o_bias[_AUX_BALLAST_DIM] = _AUX_BALLAST
+    sd[p + "self_attn.o_proj.bias"] = o_bias
+    sd[p + "self_attn.q_proj.bias"] = torch.zeros(NUM_HEADS * HEAD_DIM)
+    sd[p + "self_attn.k_proj.bias"] = torch.zeros(NUM_KV_HEADS * HEAD_DIM)
+    sd[p + "self_attn.v_proj.bias"] = torch.zeros(NUM_KV_HEADS * HEAD_DIM)
+    sd[p + "mlp.down_proj.weight"] = torch.zeros(HIDDEN, INTERMEDIATE)
+
+    succ = _tables()[0]
+    z = _orbit()[0]
+    rows = torch.zeros(VOCAB_SIZE, HIDDEN, dtype=torch.float64)
+    for t in range(NUM_SPECIAL, VOCAB_SIZE):
+        rows[succ[t], _Z] = z[t]  # rows[t] = z[PRED[t]]: _succ_head adds one more SUCC
+    sd["lm_head.weight"] = _succ_head(rows, 1.0).float()
+    return sd
+
+
 def _eagle_tensors(seed: int) -> Tensors:
     """EAGLE (v1) drafter: ``fc`` [H, 2H] + ``layers.0.*`` without ``input_layernorm``.
 
@@ -576,6 +667,10 @@ def _fixture_specs() -> dict[str, Spec]:
         "eagle3_succ": lambda: (
             _llama_config(1, norm_before_residual=True, **eagle3_extra),
             _eagle3_tensors(5002),
+        ),
+        "eagle3_aux": lambda: (
+            _llama_config(1, norm_before_residual=True, attention_bias=True, **eagle3_extra),
+            _eagle3_aux_tensors(5003),
         ),
         "eagle": lambda: (_llama_config(1), _eagle_tensors(6001)),
         "mimo": lambda: (_qwen2_mimo_config(), _mimo_tensors()),
