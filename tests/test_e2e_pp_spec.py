@@ -65,6 +65,12 @@ def _spec(models, method: str) -> tuple[str, dict]:
             "model": models["eagle3_succ"],
             "num_speculative_tokens": K,
         }
+    if method == "eagle3_aux":
+        return "target", {
+            "method": "eagle3",
+            "model": models["eagle3_aux"],
+            "num_speculative_tokens": K,
+        }
     if method == "eagle":
         return "target", {"method": "eagle", "model": models["eagle"], "num_speculative_tokens": K}
     if method == "mtp":
@@ -86,7 +92,7 @@ def _check_acceptance(method: str, spec: dict | None, requests=GREEDY_REQUESTS) 
         return
     from vllm_ppspec.testing.tiny_models import reference_acceptance
 
-    drafter = {"draft_copy": "copy", "ngram": "ngram"}.get(method, "succ")
+    drafter = {"draft_copy": "copy", "ngram": "ngram", "eagle3_aux": "aux"}.get(method, "succ")
     accepted, drafted = (
         sum(x)
         for x in zip(
@@ -104,7 +110,7 @@ def _check_acceptance(method: str, spec: dict | None, requests=GREEDY_REQUESTS) 
 
 CASES = [
     (method, mode)
-    for method in ("ngram", "draft_copy", "draft_random", "eagle3", "eagle", "mtp")
+    for method in ("ngram", "draft_copy", "draft_random", "eagle3", "eagle3_aux", "eagle", "mtp")
     for mode in ("sync", "async")
     if not (method == "ngram" and mode == "async")
 ]
@@ -166,14 +172,16 @@ def test_draft_model_of_another_width_matches_pp1_without_spec(models, baseline,
 
 
 @pytest.mark.parametrize(
-    "method,mode", [("draft_copy", "async"), ("eagle3", "sync"), ("eagle3", "async")]
+    "method,mode", [("draft_copy", "async"), ("eagle3_aux", "sync"), ("eagle3_aux", "async")]
 )
 def test_pp3_spec_matches_pp1_without_spec(models, baseline, method, mode):
     """PP=3: a middle stage. For EAGLE-3 the 4 target layers split 2 | 1 | 1, so
     each stage captures one auxiliary hidden state (aux layers 1, 2, 3) and the
-    middle stage relays the first stage's to the last (where the drafter is)."""
+    middle stage relays the first stage's to the last (where the drafter is).
+    ``eagle3_aux`` reads its first draft from that state only: a lost or wrong
+    relay collapses its acceptance (about 1% instead of the planted rule's)."""
     target, spec = _spec(models, method)
-    env = {"VLLM_PP_LAYER_PARTITION": "2,1,1"} if method == "eagle3" else {}
+    env = {"VLLM_PP_LAYER_PARTITION": "2,1,1"} if method.startswith("eagle3") else {}
     res = run_job(job(models[target], pp=3, spec=spec, async_scheduling=(mode == "async"), env=env))
     assert res.returncode == 0, res.log[-8000:]
     assert res.outputs == baseline[target]
