@@ -33,8 +33,8 @@ class _Worker(rank_errors.RankErrorsEndEngine, _Base):
 def ended(monkeypatch):
     calls: list[str] = []
 
-    def end_worker(error, call):
-        calls.append(f"{call}: {error}")
+    def end_worker(error, what):
+        calls.append(f"{what.split()[0]}: {error}")
         raise SystemExit(rank_errors.EXIT_CODE)  # stands in for os._exit
 
     monkeypatch.setattr(rank_errors, "end_worker", end_worker)
@@ -84,3 +84,33 @@ def test_fault_switches_parse_once_and_refuse_bad_values(monkeypatch):
         monkeypatch.setenv(faults.FAULT, bad)
         with pytest.raises(ValueError, match="VLLM_PPSPEC_FAULT"):
             faults.Faults.from_env()
+
+
+def test_a_dead_pp_peer_ends_the_worker(monkeypatch):
+    import os
+    import subprocess
+    import sys
+    import threading
+
+    import torch.distributed as dist
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # its pid is gone (reaped)
+    monkeypatch.setattr(dist, "get_world_size", lambda group: 2)
+
+    def all_gather_object(out, obj, group):
+        out[:] = [obj, dead.pid]
+
+    monkeypatch.setattr(dist, "all_gather_object", all_gather_object)
+    ended = threading.Event()
+    seen: list[str] = []
+
+    def end_worker(error, what):
+        seen.append(f"{what}: {error}")
+        ended.set()
+
+    monkeypatch.setattr(rank_errors, "end_worker", end_worker)
+    assert rank_errors.watch_pp_peers(None, interval_s=0.01) == [dead.pid]
+    assert ended.wait(5), "the watcher did not notice the dead peer"
+    assert seen[0] == f"a PP peer died: process {dead.pid} is gone"
+    assert rank_errors._alive(os.getpid())

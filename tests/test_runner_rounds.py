@@ -320,8 +320,9 @@ def _set_up_runner(monkeypatch, spec: bool):
     class Runner(runner_mod.PPSpecRunnerMixin, _UpstreamRunner):
         pass
 
-    pp = SimpleNamespace(world_size=2, is_last_rank=False, rank_in_group=0)
+    pp = SimpleNamespace(world_size=2, is_last_rank=False, rank_in_group=0, cpu_group=None)
     monkeypatch.setattr(runner_mod, "get_pp_group", lambda: pp)
+    monkeypatch.setattr(runner_mod, "watch_pp_peers", lambda group: [])
     runner = Runner()
     runner.speculative_config = SimpleNamespace(method="draft_model") if spec else None
     runner.use_async_scheduling = False

@@ -12,6 +12,11 @@ worker monitor (``MultiprocExecutor.start_worker_monitor``) then shuts the
 executor down and the engine fails (requests get an error, ``/health`` stops
 answering 200). Errors that every rank raises in step (``RoundDivergenceError``)
 are left to the output rank, which reports them with their message.
+
+A PP peer that dies (killed, out of memory) leaves the other ranks blocked in a
+pipeline receive that never returns, so they ignore vLLM's shutdown request
+and are killed only after its grace periods (about 9 s in all).
+:func:`watch_pp_peers` ends a worker as soon as one of its PP peers is gone.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
+import time
 from typing import Any
 
 from vllm.distributed.parallel_state import get_pp_group, get_tp_group
@@ -35,11 +42,12 @@ def is_output_rank() -> bool:
     return get_pp_group().is_last_rank and get_tp_group().rank_in_group == 0
 
 
-def end_worker(error: BaseException, call: str) -> None:
+def end_worker(error: BaseException, what: str) -> None:
+    """Log ``what`` happened and end this process (vLLM's monitor sees it die)."""
     logger.error(
-        "vllm-ppspec: %s failed on PP rank %d, whose replies vLLM's executor does not "
-        "read: ending this worker so that vLLM stops the engine. Error: %r",
-        call,
+        "vllm-ppspec: %s on PP rank %d: ending this worker so that vLLM stops the "
+        "engine. Error: %r",
+        what,
         get_pp_group().rank_in_group,
         error,
         exc_info=error,
@@ -49,6 +57,37 @@ def end_worker(error: BaseException, call: str) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(EXIT_CODE)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def watch_pp_peers(cpu_group: Any, interval_s: float = 0.2) -> list[int]:
+    """Learn the PP peers' pids (one all-gather on the PP group's gloo group,
+    every rank, once, at runner set-up) and end this worker when one is gone."""
+    import torch.distributed as dist
+
+    pids: list[Any] = [None] * dist.get_world_size(cpu_group)
+    dist.all_gather_object(pids, os.getpid(), group=cpu_group)
+    peers = [int(p) for p in pids if int(p) != os.getpid()]
+
+    def watch() -> None:
+        while True:
+            time.sleep(interval_s)
+            for pid in peers:
+                if not _alive(pid):
+                    end_worker(RuntimeError(f"process {pid} is gone"), "a PP peer died")
+                    return
+
+    threading.Thread(target=watch, daemon=True, name="ppspec-peer-watch").start()
+    return peers
 
 
 class RankErrorsEndEngine:
@@ -63,7 +102,7 @@ class RankErrorsEndEngine:
             raise
         except Exception as e:
             if getattr(self.model_runner, "_ppspec_active", False) and not is_output_rank():
-                end_worker(e, call)
+                end_worker(e, f"{call} failed on a rank whose replies vLLM does not read")
             raise
 
     def execute_model(self, *args: Any, **kwargs: Any) -> Any:

@@ -85,6 +85,7 @@ from vllm_ppspec.embedding_share import (  # noqa: E402
     drafter_embedding,
     share_mode,
 )
+from vllm_ppspec.rank_errors import watch_pp_peers  # noqa: E402
 from vllm_ppspec.transport import Round, recv_round, send_round  # noqa: E402
 
 if TYPE_CHECKING:
@@ -196,6 +197,8 @@ class PPSpecRunnerMixin:
             )
         if self._ppspec_is_last:
             isolate_drafter(self.drafter)  # type: ignore[attr-defined]
+        # Every PP rank, once, here: a dead peer ends this worker (rank_errors.py).
+        watch_pp_peers(pp.cpu_group)
         self._ppspec_faults = faults.Faults.from_env()
         self._ppspec_skip_state_replay = self._ppspec_faults.skip_state_replay
         if self._ppspec_faults.any():

@@ -1,0 +1,230 @@
+"""Faults through a real ``vllm serve`` at PP=2 + speculative decoding (tiny models).
+
+* SIGKILL of a worker (the first PP rank, and separately the last) with
+  requests in flight: each request ends with an error within a bound (no
+  hang), ``/health`` stops answering 200 within 10 s, and no worker process of
+  that server is left after 30 s.
+* On one healthy server: a prompt longer than ``max_model_len`` gets a 400
+  and the server keeps serving; more requests than ``max_num_seqs`` queue and
+  complete; clients that disconnect right after sending and mid-stream are
+  freed (no running request, KV cache usage back to 0) and the next greedy
+  requests still give the model-free reference tokens.
+* An invalid ``--speculative-config`` under PP fails at start-up naming the field.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from vllm_ppspec import WORKER_QUALNAME
+from vllm_ppspec.testing.server import Server
+from vllm_ppspec.testing.tiny_models import greedy_reference
+
+pytestmark = pytest.mark.e2e
+
+MAX_MODEL_LEN = 512
+
+
+def _args(models, drafter: str, *extra: str) -> list[str]:
+    spec = {"method": "draft_model", "model": models[drafter], "num_speculative_tokens": 3}
+    return [
+        models["target"],
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        str(MAX_MODEL_LEN),
+        "--enforce-eager",
+        "--served-model-name",
+        "tiny",
+        "--pipeline-parallel-size",
+        "2",
+        "--distributed-executor-backend",
+        "mp",
+        "--speculative-config",
+        json.dumps(spec),
+        "--worker-cls",
+        WORKER_QUALNAME,
+        *extra,
+    ]
+
+
+def _start(models, tmp_path: Path, name: str, drafter: str, *extra: str) -> Server:
+    srv = Server(
+        name,
+        _args(models, drafter, *extra),
+        {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0|1"},
+        tmp_path,
+    )
+    try:
+        srv.wait_ready(timeout=300)
+    except Exception:
+        srv.stop()
+        raise
+    return srv
+
+
+def _client(srv: Server, timeout: float = 120):
+    from openai import OpenAI
+
+    return OpenAI(base_url=srv.base + "/v1", api_key="unused", max_retries=0, timeout=timeout)
+
+
+def _greedy(client, prompt: list[int], n: int) -> list[int]:
+    resp = client.completions.create(
+        model="tiny",
+        prompt=prompt,
+        max_tokens=n,
+        temperature=0.0,
+        extra_body={"return_token_ids": True, "ignore_eos": True},
+    )
+    return (resp.choices[0].model_extra or {})["token_ids"]
+
+
+def _health(srv: Server) -> int:
+    try:
+        with urllib.request.urlopen(srv.base + "/health", timeout=2) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except OSError:
+        return -1  # not answering at all
+
+
+def _session_procs(sid: int) -> dict[int, str]:
+    out = subprocess.run(["ps", "-eo", "pid=,sid=,args="], capture_output=True, text=True).stdout
+    procs = {}
+    for line in out.splitlines():
+        pid, s, args = line.strip().split(None, 2)
+        if int(s) == sid:
+            procs[int(pid)] = args
+    return procs
+
+
+def _metric(srv: Server, name: str) -> float:
+    with urllib.request.urlopen(srv.base + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(name + "{") or line.startswith(name + " ")
+    )
+
+
+@pytest.mark.parametrize("victim", ["Worker_PP0", "Worker_PP1"])
+def test_sigkill_of_a_worker_fails_requests_and_the_server_promptly(models, tmp_path, victim):
+    srv = _start(models, tmp_path, f"kill-{victim}", "draft_random")  # 1 token per step
+    try:
+        client = _client(srv, timeout=90)
+
+        def one(i: int) -> str:
+            try:
+                _greedy(client, [5 + i, 6, 7], MAX_MODEL_LEN - 8)
+                return "completed"
+            except Exception as e:  # noqa: BLE001 - the error is what we expect
+                return f"error: {type(e).__name__}"
+
+        pool = ThreadPoolExecutor(16)
+        futures = [pool.submit(one, i) for i in range(16)]
+        while _metric(srv, "vllm:num_requests_running") < 8:  # requests are decoding
+            time.sleep(0.05)
+        procs = _session_procs(srv.proc.pid)
+        pid = next(p for p, args in procs.items() if args.startswith(f"VLLM::{victim}"))
+        t_kill = time.monotonic()
+        os.kill(pid, signal.SIGKILL)
+
+        while _health(srv) == 200:
+            assert time.monotonic() - t_kill < 10, "/health still answers 200 after 10 s"
+            time.sleep(0.2)
+        unhealthy_after = time.monotonic() - t_kill
+        results = [f.result(timeout=60) for f in futures]  # no hang
+        pool.shutdown()
+        # Every request still running when the worker died ends with an error.
+        assert sum(r.startswith("error") for r in results) >= 8, results
+        while any("VLLM::Worker" in a for a in _session_procs(srv.proc.pid).values()):
+            assert time.monotonic() - t_kill < 30, _session_procs(srv.proc.pid)
+            time.sleep(0.5)
+        print(f"{victim}: /health not 200 after {unhealthy_after:.1f}s; requests: {results}")
+    finally:
+        srv.stop()
+
+
+def test_bad_requests_queues_and_disconnects_leave_the_server_serving(models, tmp_path):
+    import openai
+
+    srv = _start(models, tmp_path, "healthy", "draft_copy", "--max-num-seqs", "4")
+    try:
+        client = _client(srv)
+        # A prompt longer than max_model_len: a clear 400, and the server keeps serving.
+        with pytest.raises(openai.BadRequestError) as err:
+            _greedy(client, [7] * (MAX_MODEL_LEN + 50), 4)
+        assert err.value.status_code == 400
+        assert "maximum context length" in str(err.value) or "max_model_len" in str(err.value)
+
+        # Three times max_num_seqs requests at once: they queue and all complete.
+        prompts = [[3 + i, 40 + i, 77] for i in range(12)]
+        with ThreadPoolExecutor(12) as pool:
+            outs = list(pool.map(lambda p: _greedy(client, p, 24), prompts))
+        assert outs == [greedy_reference(p, 24) for p in prompts]
+
+        # Clients that walk away: right after sending, and mid-stream.
+        for chunks_read in (0, 3):
+            for i in range(3):
+                stream = client.completions.create(
+                    model="tiny",
+                    prompt=[11 + i] * 300,
+                    max_tokens=150,
+                    temperature=0.0,
+                    stream=True,
+                    extra_body={"ignore_eos": True},
+                )
+                for j, _ in enumerate(stream if chunks_read else ()):
+                    if j + 1 >= chunks_read:
+                        break
+                stream.close()
+        t0 = time.monotonic()
+        while (
+            _metric(srv, "vllm:num_requests_running") > 0
+            or _metric(srv, "vllm:kv_cache_usage_perc") > 0
+        ):
+            assert time.monotonic() - t0 < 20, "aborted requests still hold the engine"
+            time.sleep(0.5)
+        assert _health(srv) == 200
+        again = [[200 + i, 9] for i in range(4)]
+        with ThreadPoolExecutor(4) as pool:
+            outs = list(pool.map(lambda p: _greedy(client, p, 20), again))
+        assert outs == [greedy_reference(p, 20) for p in again]
+    finally:
+        srv.stop()
+
+
+def test_invalid_speculative_config_under_pp_fails_at_start_up_naming_the_field(models):
+    args = _args(models, "draft_copy")
+    i = args.index("--speculative-config")
+    args[i + 1] = json.dumps(
+        {"method": "draft_model", "model": models["draft_copy"], "num_speculative_tokens": -2}
+    )
+    vllm_cli = Path(sys.executable).parent / "vllm"
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [str(vllm_cli), "serve", *args, "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0|1"},
+        start_new_session=True,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-4000:]
+    assert "num_speculative_tokens" in out, out[-4000:]
+    print(f"refused after {time.monotonic() - t0:.0f}s")
