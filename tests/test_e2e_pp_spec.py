@@ -123,8 +123,24 @@ def _check_drafter_embedding_is_its_own(res, checkpoint: str) -> None:
     assert digests[-1] == checkpoint_embedding_digest(checkpoint), digests
 
 
+@pytest.fixture(scope="module")
+def pp1_spec_metrics(models):
+    """vLLM's own worker at PP=1 with spec: its counters, per method (cached)."""
+    cache: dict[str, dict] = {}
+
+    def get(method: str) -> dict:
+        if method not in cache:
+            target, spec = _spec(models, method)
+            res = run_job(job(models[target], spec=spec, worker="stock"))
+            assert res.returncode == 0, res.log[-6000:]
+            cache[method] = res.result["spec"]
+        return cache[method]
+
+    return get
+
+
 @pytest.mark.parametrize("method,mode", CASES)
-def test_pp2_spec_matches_pp1_without_spec(models, baseline, method, mode):
+def test_pp2_spec_matches_pp1_without_spec(models, baseline, pp1_spec_metrics, method, mode):
     target, spec = _spec(models, method)
     probe = method.startswith("draft_")
     res = run_job(
@@ -141,6 +157,12 @@ def test_pp2_spec_matches_pp1_without_spec(models, baseline, method, mode):
     _check_acceptance(method, res.result["spec"])
     if probe:
         _check_drafter_embedding_is_its_own(res, spec["model"])
+    got = res.result["spec"]
+    assert got["accepted"] <= got["drafts"] and sum(got["per_position"]) == got["accepted"]
+    if method in ("eagle3", "draft_random", "mtp"):
+        # vLLM's spec-decode counters (drafts, accepted, per position) under PP
+        # equal those of vLLM's own worker at PP=1 with spec.
+        assert got == pp1_spec_metrics(method), (got, pp1_spec_metrics(method))
 
 
 # Draft models of another width and depth than the target (hidden 128, 4

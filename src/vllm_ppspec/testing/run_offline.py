@@ -43,8 +43,10 @@ def cpu_env(pp: int) -> dict[str, str]:
     }
 
 
-def spec_metrics(llm: Any) -> dict[str, int] | None:
+def spec_metrics(llm: Any) -> dict[str, Any] | None:
+    """vLLM's spec-decode counters (the Prometheus ones), per position too."""
     values: dict[str, int] = {}
+    per_position: list[int] = []
     for metric in llm.get_metrics():
         name = getattr(metric, "name", "")
         if name in (
@@ -53,12 +55,15 @@ def spec_metrics(llm: Any) -> dict[str, int] | None:
             "vllm:spec_decode_num_drafts",
         ):
             values[name.split("num_")[-1]] = int(getattr(metric, "value", 0))
+        elif name == "vllm:spec_decode_num_accepted_tokens_per_pos":
+            per_position = [int(v) for v in getattr(metric, "values", [])]
     if not values:
         return None
     return {
         "accepted": values.get("accepted_tokens", 0),
         "drafts": values.get("draft_tokens", 0),
         "steps": values.get("drafts", 0),
+        "per_position": per_position,
     }
 
 
