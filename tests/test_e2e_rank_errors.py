@@ -2,8 +2,9 @@
 own mp executor, which reads only the last rank's replies.
 
 Faults are injected on the non-last rank with ``VLLM_PPSPEC_FAULT``
-(faults.py): a missing stash (async: the round cannot be applied) and an
-exception in ``execute_model`` (sync and async). Before rank_errors.py the
+(faults.py): a missing stash (async: the round cannot be applied), an
+exception while applying a round (async), and an exception in
+``execute_model`` (sync and async). Before rank_errors.py the
 first was logged on that rank and generation completed normally, the round's
 state update skipped in silence. Each job must fail, within a bound, with the
 error named in the log.
@@ -28,6 +29,7 @@ BOUND_S = 240  # engine start-up (about 30 s here) + failing + shutting down
         ("drop_stash@4", "async", "MissingStashError"),
         ("raise@4", "sync", "InjectedFault"),
         ("raise@4", "async", "InjectedFault"),
+        ("raise_in_round@4", "async", "InjectedFault"),
     ],
 )
 def test_error_on_a_non_last_rank_ends_the_engine(models, fault, mode, error):

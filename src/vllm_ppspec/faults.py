@@ -7,7 +7,9 @@
 
 * ``drop_stash@n``: ``sample_tokens`` finds no stashed scheduler output
   (``MissingStashError``; async scheduling, where rounds are applied);
-* ``raise@n``: ``execute_model`` raises before the forward (any mode).
+* ``raise@n``: ``execute_model`` raises before the forward (any mode);
+* ``raise_in_round@n``: applying the round received in ``sample_tokens`` raises
+  (async scheduling).
 
 These exist so that tests can show a broken invariant is caught and that an
 error on a rank vLLM does not read replies from still ends the engine.
@@ -20,11 +22,11 @@ from dataclasses import dataclass
 
 SKIP_STATE_REPLAY = "VLLM_PPSPEC_FAULT_SKIP_STATE_REPLAY"
 FAULT = "VLLM_PPSPEC_FAULT"
-KINDS = ("drop_stash", "raise")
+KINDS = ("drop_stash", "raise", "raise_in_round")
 
 
 class InjectedFault(RuntimeError):
-    """Raised by the ``raise@n`` switch."""
+    """Raised by the ``raise@n`` and ``raise_in_round@n`` switches."""
 
 
 @dataclass(frozen=True)

@@ -567,6 +567,8 @@ class PPSpecRunnerMixin:
     # Non-last ranks: apply the round the last rank sampled.
     # ------------------------------------------------------------------
     def _ppspec_apply_round(self, rnd: Round, scheduler_output: SchedulerOutput) -> None:
+        if self._ppspec_faults.fires("raise_in_round", self._ppspec_step):
+            raise faults.InjectedFault(f"raise_in_round@{self._ppspec_step} on a non-last rank")
         num_reqs = self.input_batch.num_reqs
         sampled = rnd.sampled.to(self.device)
         # Hybrid models: the same accepted counts the sampler's rank applies to
