@@ -48,6 +48,22 @@ def real_baseline(real):
     return res.outputs
 
 
+def _run_pp2_spec(real, method: str, mode: str, requests):
+    """The real model at PP=2 + ``method`` with the plugin worker."""
+    spec = spec_configs.real(method, K, real["target"], real["drafter"])
+    return run_job(
+        job(
+            real["target"],
+            pp=2,
+            spec=spec,
+            async_scheduling=(mode == "async"),
+            requests=requests,
+            **REAL,
+        ),
+        timeout=900,
+    )
+
+
 # No ngram-async: vLLM 0.32 itself refuses async scheduling with the (CPU) ngram
 # proposer ("async scheduling is only supported with EAGLE/MTP/Draft Model/NGram GPU").
 CASES = [("ngram", "sync"), ("draft_model", "sync"), ("draft_model", "async")]
@@ -55,18 +71,7 @@ CASES = [("ngram", "sync"), ("draft_model", "sync"), ("draft_model", "async")]
 
 @pytest.mark.parametrize("method,mode", CASES)
 def test_real_model_pp2_spec_matches_pp1_without_spec(real, real_baseline, method, mode):
-    spec = spec_configs.real(method, K, real["target"], real["drafter"])
-    res = run_job(
-        job(
-            real["target"],
-            pp=2,
-            spec=spec,
-            async_scheduling=(mode == "async"),
-            requests=real["requests"],
-            **REAL,
-        ),
-        timeout=900,
-    )
+    res = _run_pp2_spec(real, method, mode, real["requests"])
     assert res.returncode == 0, res.log[-8000:]
     differ = [i for i, (a, b) in enumerate(zip(res.outputs, real_baseline, strict=True)) if a != b]
     assert not differ, f"requests differing from PP=1 without spec: {differ}"
@@ -136,18 +141,7 @@ def structured_baseline(real, structured_requests):
 def test_structured_outputs_under_pp_spec_match_grammar_and_pp1(
     real, structured_requests, structured_baseline, method, mode
 ):
-    spec = spec_configs.real(method, K, real["target"], real["drafter"])
-    res = run_job(
-        job(
-            real["target"],
-            pp=2,
-            spec=spec,
-            async_scheduling=(mode == "async"),
-            requests=structured_requests,
-            **REAL,
-        ),
-        timeout=900,
-    )
+    res = _run_pp2_spec(real, method, mode, structured_requests)
     assert res.returncode == 0, res.log[-8000:]
     assert "grammar rejected" not in res.log and "Failed to advance FSM" not in res.log
     tok = real["tokenizer"]

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_ppspec import WORKER_QUALNAME
-from vllm_ppspec.testing.server import Server
+from vllm_ppspec.testing.run_offline import cpu_env
+from vllm_ppspec.testing.server import Server, pp_spec_args, serve_args
 from vllm_ppspec.testing.tiny_models import greedy_reference
 
 pytestmark = pytest.mark.e2e
@@ -38,34 +38,11 @@ MAX_MODEL_LEN = 512
 
 def _args(models, drafter: str, *extra: str) -> list[str]:
     spec = {"method": "draft_model", "model": models[drafter], "num_speculative_tokens": 3}
-    return [
-        models["target"],
-        "--dtype",
-        "float32",
-        "--max-model-len",
-        str(MAX_MODEL_LEN),
-        "--enforce-eager",
-        "--served-model-name",
-        "tiny",
-        "--pipeline-parallel-size",
-        "2",
-        "--distributed-executor-backend",
-        "mp",
-        "--speculative-config",
-        json.dumps(spec),
-        "--worker-cls",
-        WORKER_QUALNAME,
-        *extra,
-    ]
+    return [*serve_args(models["target"], "tiny", MAX_MODEL_LEN, *extra), *pp_spec_args(2, spec)]
 
 
 def _start(models, tmp_path: Path, name: str, drafter: str, *extra: str) -> Server:
-    srv = Server(
-        name,
-        _args(models, drafter, *extra),
-        {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0|1"},
-        tmp_path,
-    )
+    srv = Server(name, _args(models, drafter, *extra), cpu_env(2), tmp_path)
     try:
         srv.wait_ready(timeout=300)
     except Exception:
@@ -111,16 +88,6 @@ def _session_procs(sid: int) -> dict[int, str]:
     return procs
 
 
-def _metric(srv: Server, name: str) -> float:
-    with urllib.request.urlopen(srv.base + "/metrics", timeout=10) as r:
-        text = r.read().decode()
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith(name + "{") or line.startswith(name + " ")
-    )
-
-
 @pytest.mark.parametrize("victim", ["Worker_PP0", "Worker_PP1"])
 def test_sigkill_of_a_worker_fails_requests_and_the_server_promptly(models, tmp_path, victim):
     srv = _start(models, tmp_path, f"kill-{victim}", "draft_random")  # 1 token per step
@@ -136,7 +103,7 @@ def test_sigkill_of_a_worker_fails_requests_and_the_server_promptly(models, tmp_
 
         pool = ThreadPoolExecutor(16)
         futures = [pool.submit(one, i) for i in range(16)]
-        while _metric(srv, "vllm:num_requests_running") < 8:  # requests are decoding
+        while srv.metrics()["vllm:num_requests_running"] < 8:  # requests are decoding
             time.sleep(0.05)
         procs = _session_procs(srv.proc.pid)
         pid = next(p for p, args in procs.items() if args.startswith(f"VLLM::{victim}"))
@@ -194,8 +161,8 @@ def test_bad_requests_queues_and_disconnects_leave_the_server_serving(models, tm
                 stream.close()
         t0 = time.monotonic()
         while (
-            _metric(srv, "vllm:num_requests_running") > 0
-            or _metric(srv, "vllm:kv_cache_usage_perc") > 0
+            srv.metrics()["vllm:num_requests_running"] > 0
+            or srv.metrics()["vllm:kv_cache_usage_perc"] > 0
         ):
             assert time.monotonic() - t0 < 20, "aborted requests still hold the engine"
             time.sleep(0.5)
@@ -221,7 +188,7 @@ def test_invalid_speculative_config_under_pp_fails_at_start_up_naming_the_field(
         capture_output=True,
         text=True,
         timeout=180,
-        env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0|1"},
+        env={**os.environ, **cpu_env(2)},
         start_new_session=True,
     )
     out = proc.stdout + proc.stderr

@@ -23,7 +23,6 @@ a drafter for every method).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from collections.abc import Callable
@@ -33,7 +32,8 @@ from typing import Any
 
 from vllm_ppspec import WORKER_QUALNAME
 from vllm_ppspec.testing import spec_configs
-from vllm_ppspec.testing.server import Server
+from vllm_ppspec.testing.run_offline import cpu_env
+from vllm_ppspec.testing.server import Server, pp_spec_args, serve_args
 
 REPO = Path(__file__).resolve().parents[2]
 # Tiny models: token-id prompts (their vocabulary is "wN" = id N).
@@ -168,48 +168,26 @@ def main(argv: list[str] | None = None) -> int:
     work = workload(args)
     log_dir = REPO / ".cache" / "demo"
     log_dir.mkdir(parents=True, exist_ok=True)
-    common = [
-        work.model,
-        "--dtype",
-        "float32",
-        "--max-model-len",
-        str(work.max_model_len),
-        "--enforce-eager",
-        "--served-model-name",
-        work.name,
-    ]
-    env = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+    common = serve_args(work.model, work.name, work.max_model_len)
 
     print(f"== reference: vllm serve {work.name}, PP=1, no speculative decoding", flush=True)
-    ref = Server("pp1-nospec", common, {**env, "VLLM_CPU_OMP_THREADS_BIND": "auto"}, log_dir)
+    ref = Server("pp1-nospec", common, cpu_env(1), log_dir)
     try:
         print(f"ready in {ref.wait_ready():.0f}s", flush=True)
         expected = complete_all(ref.base, work)
     finally:
         ref.stop()
 
-    mode = ["--async-scheduling"] if args.async_scheduling else []
     print(
         f"== vllm serve {work.name}, PP=2 + {args.method} "
         f"(k={args.num_speculative_tokens}), "
-        f"{'async' if mode else 'sync'} scheduling, worker {WORKER_QUALNAME}",
+        f"{'async' if args.async_scheduling else 'sync'} scheduling, worker {WORKER_QUALNAME}",
         flush=True,
     )
     srv = Server(
         "pp2-spec",
-        [
-            *common,
-            "--pipeline-parallel-size",
-            "2",
-            "--distributed-executor-backend",
-            "mp",
-            "--speculative-config",
-            json.dumps(work.spec),
-            "--worker-cls",
-            WORKER_QUALNAME,
-            *mode,
-        ],
-        {**env, "VLLM_CPU_OMP_THREADS_BIND": "0|1"},
+        [*common, *pp_spec_args(2, work.spec, args.async_scheduling)],
+        cpu_env(2),
         log_dir,
     )
     try:

@@ -31,14 +31,13 @@ import random
 import statistics
 import sys
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from vllm_ppspec import WORKER_QUALNAME
 from vllm_ppspec.testing import spec_configs
-from vllm_ppspec.testing.server import Server
+from vllm_ppspec.testing.run_offline import cpu_env
+from vllm_ppspec.testing.server import Server, pp_spec_args, serve_args
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED_PREFIX = [3 + (13 * i) % 500 for i in range(40)]
@@ -112,24 +111,6 @@ def drive(
         return list(pool.map(lambda r: _one(client, r, timeout), reqs))
 
 
-def read_metrics(base: str) -> dict[str, float]:
-    with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
-        text = r.read().decode()
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith("#"):
-            continue
-        name = line.split("{")[0].split(" ")[0]
-        if name in (
-            "vllm:num_preemptions_total",
-            "vllm:spec_decode_num_drafts_total",
-            "vllm:spec_decode_num_draft_tokens_total",
-            "vllm:spec_decode_num_accepted_tokens_total",
-        ):
-            out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
-    return out
-
-
 def summarize(
     reqs: list[dict[str, Any]], got: list[dict[str, Any]], ref: dict[int, Any], metrics: dict
 ) -> dict[str, Any]:
@@ -187,26 +168,20 @@ def main(argv: list[str] | None = None) -> int:
     reqs = make_requests(args.requests, args.abort_fraction, args.sampled_fraction)
     log_dir = REPO / ".cache" / "soak"
     log_dir.mkdir(parents=True, exist_ok=True)
-    common = [
+    common = serve_args(
         model,
-        "--dtype",
-        "float32",
-        "--max-model-len",
-        "512",
-        "--enforce-eager",
-        "--served-model-name",
         "tiny",
+        512,
         "--max-num-seqs",
         str(args.in_flight),
         "--max-num-batched-tokens",
         "128",
         "--enable-prefix-caching",
-    ]
-    env = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+    )
 
     greedy = [i for i, r in enumerate(reqs) if r["kind"] == "greedy"]
     print(f"== reference: PP=1, no speculative decoding, {len(greedy)} greedy requests", flush=True)
-    ref_srv = Server("soak-ref", common, {**env, "VLLM_CPU_OMP_THREADS_BIND": "auto"}, log_dir)
+    ref_srv = Server("soak-ref", common, cpu_env(1), log_dir)
     try:
         ref_srv.wait_ready()
         ref_out = drive(ref_srv.base, [reqs[i] for i in greedy], args.in_flight, 600)
@@ -230,19 +205,11 @@ def main(argv: list[str] | None = None) -> int:
             f"soak-{mode}",
             [
                 *common,
-                "--pipeline-parallel-size",
-                "2",
-                "--distributed-executor-backend",
-                "mp",
-                "--speculative-config",
-                json.dumps(spec),
-                "--worker-cls",
-                WORKER_QUALNAME,
+                *pp_spec_args(2, spec, mode == "async"),
                 "--num-gpu-blocks-override",
                 str(args.num_kv_blocks),
-                *(["--async-scheduling"] if mode == "async" else []),
             ],
-            {**env, "VLLM_CPU_OMP_THREADS_BIND": "0|1"},
+            cpu_env(2),
             log_dir,
         )
         try:
@@ -250,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.monotonic()
             got = drive(srv.base, reqs, args.in_flight, args.request_timeout)
             wall = time.monotonic() - t0
-            summary = summarize(reqs, got, ref, read_metrics(srv.base))
+            summary = summarize(reqs, got, ref, srv.metrics())
         finally:
             srv.stop()
         summary["wall_s"] = round(wall, 1)

@@ -6,6 +6,7 @@ spawned (API server, engine core, one worker per rank).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -14,6 +15,9 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
+
+from vllm_ppspec import WORKER_QUALNAME
 
 
 def _free_port() -> int:
@@ -59,11 +63,12 @@ class Server:
         raise TimeoutError(f"vllm serve not ready after {timeout}s; log: {self.log_path}")
 
     def metrics(self) -> dict[str, float]:
+        """Every metric on ``/metrics``, summed over its label sets."""
         with urllib.request.urlopen(self.base + "/metrics", timeout=10) as r:
             text = r.read().decode()
         out: dict[str, float] = {}
         for line in text.splitlines():
-            if line.startswith("vllm:spec_decode_num_") and "_total" in line:
+            if line and not line.startswith("#"):
                 name = line.split("{")[0].split(" ")[0]
                 out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
         return out
@@ -79,3 +84,33 @@ class Server:
         except ProcessLookupError:
             pass
         self.log.close()
+
+
+def serve_args(model: str, name: str, max_model_len: int, *extra: str) -> list[str]:
+    """``vllm serve`` arguments shared by the demo, the soak and the fault tests."""
+    return [
+        model,
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        str(max_model_len),
+        "--enforce-eager",
+        "--served-model-name",
+        name,
+        *extra,
+    ]
+
+
+def pp_spec_args(pp: int, spec: dict[str, Any], async_scheduling: bool = False) -> list[str]:
+    """PP + speculative decoding with the plugin's worker (mp executor)."""
+    return [
+        "--pipeline-parallel-size",
+        str(pp),
+        "--distributed-executor-backend",
+        "mp",
+        "--speculative-config",
+        json.dumps(spec),
+        "--worker-cls",
+        WORKER_QUALNAME,
+        *(["--async-scheduling"] if async_scheduling else []),
+    ]

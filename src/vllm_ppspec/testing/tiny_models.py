@@ -422,6 +422,19 @@ def _random_llama_tensors(seed: int, num_layers: int, hidden: int = HIDDEN) -> T
     return sd
 
 
+def _eagle3_midlayer_draws(gen: torch.Generator) -> Tensors:
+    """An EAGLE-3 ``midlayer``: unit norms and random attention/MLP over the 2H input
+    (the first draws from ``gen``; each drafter then hand-sets what it needs)."""
+    p = "midlayer."
+    sd: Tensors = {
+        p + "input_layernorm.weight": torch.ones(HIDDEN),
+        p + "hidden_norm.weight": torch.ones(HIDDEN),
+        p + "post_attention_layernorm.weight": torch.ones(HIDDEN),
+    }
+    sd.update(_attn_mlp(gen, p, 0.02, qkv_in=2 * HIDDEN))
+    return sd
+
+
 def _eagle3_tensors(seed: int) -> Tensors:
     """EAGLE-3 drafter: ``midlayer.*`` (q/k/v over 2H), ``fc`` [H, 3H], ``norm``, ``lm_head``.
 
@@ -432,12 +445,7 @@ def _eagle3_tensors(seed: int) -> Tensors:
     """
     gen = _gen(seed)
     p = "midlayer."
-    sd: Tensors = {
-        p + "input_layernorm.weight": torch.ones(HIDDEN),
-        p + "hidden_norm.weight": torch.ones(HIDDEN),
-        p + "post_attention_layernorm.weight": torch.ones(HIDDEN),
-    }
-    sd.update(_attn_mlp(gen, p, 0.02, qkv_in=2 * HIDDEN))
+    sd = _eagle3_midlayer_draws(gen)
     sd["fc.weight"] = _randn(gen, HIDDEN, len(EAGLE3_AUX_LAYERS) * HIDDEN, std=0.02)
     sd["norm.weight"] = torch.ones(HIDDEN)
     planted = _planted_layers()
@@ -500,12 +508,7 @@ def _eagle3_aux_tensors(seed: int) -> Tensors:
     """
     gen = _gen(seed)
     p = "midlayer."
-    sd: Tensors = {
-        p + "input_layernorm.weight": torch.ones(HIDDEN),
-        p + "hidden_norm.weight": torch.ones(HIDDEN),
-        p + "post_attention_layernorm.weight": torch.ones(HIDDEN),
-    }
-    sd.update(_attn_mlp(gen, p, 0.02, qkv_in=2 * HIDDEN))
+    sd = _eagle3_midlayer_draws(gen)
     sd["norm.weight"] = torch.ones(HIDDEN)
     planted = _planted_layers()
     fc = torch.zeros(HIDDEN, len(EAGLE3_AUX_LAYERS) * HIDDEN)
