@@ -6,7 +6,7 @@ import vllm.v1.worker.cpu_worker as _vllm_cpu_worker  # noqa: E402
 from vllm.v1.worker.cpu_worker import CPUWorker  # noqa: E402
 
 import vllm_ppspec.cpu_runner as _cpu_runner  # runs the version guard first
-from vllm_ppspec import cpu_expand_fix
+from vllm_ppspec import cpu_eager_correction, cpu_expand_fix
 from vllm_ppspec.config_patches import require_installed
 from vllm_ppspec.rank_errors import RankErrorsEndEngine
 
@@ -19,6 +19,8 @@ class PPSpecCPUWorker(RankErrorsEndEngine, CPUWorker):
         # vLLM registered its CPU kernel fallbacks before building this worker;
         # replace the broken expand kernel (cpu_expand_fix.py).
         cpu_expand_fix.install()
+        # Async spec decode: no inductor compile mid-serving (cpu_eager_correction.py).
+        cpu_eager_correction.install()
         # CPUWorker.init_device constructs the runner by the module-level name
         # CPUModelRunner; point that name at our runner for this call only.
         original = _vllm_cpu_worker.CPUModelRunner

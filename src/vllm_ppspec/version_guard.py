@@ -43,6 +43,12 @@ PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._model_forward"),
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._setup_eagle3_aux_hidden_state_outputs"),
     ("vllm.v1.worker.cpu_model_runner", "CPUModelRunner"),
+    # The async spec-decode correction, run eagerly on CPU (cpu_eager_correction.py).
+    ("vllm.v1.worker.gpu_model_runner", "update_num_computed_tokens_for_batch_change"),
+    (
+        "vllm.v1.spec_decode.utils",
+        "update_num_computed_tokens_for_batch_change._torchdynamo_orig_callable",
+    ),
     # EAGLE-3 auxiliary hidden states across PP stages (helpers of vLLM's V2 runner).
     (
         "vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils",
