@@ -16,6 +16,7 @@ import torch
 from tests.distributed import run_ranks
 
 K = 3
+CAPACITY = 8  # max_num_seqs of the stub runners
 
 
 def _stub_runner(rank: int, world: int, spec: bool, num_reqs: int):
@@ -31,6 +32,13 @@ def _stub_runner(rank: int, world: int, spec: bool, num_reqs: int):
     runner._ppspec_round_sampled = None
     runner._ppspec_deferred = None
     runner.num_spec_tokens = K if spec else 0
+    if spec:
+        from vllm.distributed.parallel_state import get_pp_group
+
+        from vllm_ppspec.transport import RoundChannel
+
+        pp = get_pp_group()
+        runner._ppspec_channel = RoundChannel(pp.cpu_group, pp.last_rank, CAPACITY, K)
     runner.device = torch.device("cpu")
     runner.use_async_scheduling = True
     runner.broadcast_pp_output = False
@@ -55,13 +63,12 @@ def _missing_stash(rank: int, world: int):
     from vllm.distributed.parallel_state import get_pp_group
 
     from vllm_ppspec.runner import MissingStashError
-    from vllm_ppspec.transport import send_round
 
     pp = get_pp_group()
     runner = _stub_runner(rank, world, spec=True, num_reqs=2)
     if pp.is_last_rank:
         sampled = torch.tensor([[4, 5, -1, -1], [6, -1, -1, -1]], dtype=torch.int32)
-        send_round(pp.cpu_group, pp.last_rank, 2, K, sampled, torch.zeros(2, K))
+        runner._ppspec_channel.send(2, sampled, torch.zeros(2, K))
         outcome = "sent"
     else:
         try:
@@ -137,14 +144,12 @@ def test_spec_round_does_not_use_vllms_device_group_broadcast():
 def _apply_async_round(rank: int, world: int):
     from vllm.distributed.parallel_state import get_pp_group
 
-    from vllm_ppspec.transport import send_round
-
     pp = get_pp_group()
     runner = _stub_runner(rank, world, spec=True, num_reqs=3)
     if pp.is_last_rank:
         sampled = torch.tensor([[4, 5, 6, 7], [8, -1, -1, -1], [9, 9, -1, -1]], dtype=torch.int32)
         drafts = torch.tensor([[1, 2, 3], [4, 5, 6], [7, 8, 9]])
-        send_round(pp.cpu_group, pp.last_rank, 3, K, sampled, drafts)
+        runner._ppspec_channel.send(3, sampled, drafts)
         return None
     # Request r1 is a partial prefill: its sample is discarded.
     runner.discard_request_mask = SimpleNamespace(

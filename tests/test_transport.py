@@ -14,14 +14,15 @@ import torch.distributed as dist
 
 from tests.distributed import run_ranks
 from vllm_ppspec.accounting import next_tokens_and_counts
-from vllm_ppspec.transport import RoundDivergenceError, recv_round, send_round
+from vllm_ppspec.transport import RoundChannel, RoundDivergenceError
 
 K = 3
 LAST = 1
+CAPACITY = 8  # max_num_seqs
 
 
-def _group() -> dist.ProcessGroup:
-    return dist.group.WORLD  # type: ignore[return-value]
+def _channel(k: int = K, capacity: int = CAPACITY) -> RoundChannel:
+    return RoundChannel(dist.group.WORLD, LAST, capacity, k)  # type: ignore[arg-type]
 
 
 def _narrow_round(rank: int, world: int):
@@ -29,9 +30,9 @@ def _narrow_round(rank: int, world: int):
     sampled = torch.tensor([[5, 7], [9, -1], [11, -1]], dtype=torch.int32)
     drafts = torch.tensor([[1, 2, 3], [4, 5, 6], [7, 8, 9]], dtype=torch.int64)
     if rank == LAST:
-        rnd = send_round(_group(), LAST, 3, K, sampled, drafts)
+        rnd = _channel().send(3, sampled, drafts)
     else:
-        rnd = recv_round(_group(), LAST, 3, K)
+        rnd = _channel().recv(3)
     nxt, cnt = next_tokens_and_counts(rnd.sampled)
     return rnd.sampled.tolist(), rnd.drafts.tolist(), nxt.tolist(), cnt.tolist()
 
@@ -51,9 +52,9 @@ def test_round_narrower_than_k_plus_1_arrives_padded():
 def _list_drafts(rank: int, world: int):
     sampled = torch.tensor([[3, 4, 5, 6], [8, -1, -1, -1]], dtype=torch.int32)
     if rank == LAST:
-        rnd = send_round(_group(), LAST, 2, K, sampled, [[1, 2, 3], [4]])
+        rnd = _channel().send(2, sampled, [[1, 2, 3], [4]])
     else:
-        rnd = recv_round(_group(), LAST, 2, K)
+        rnd = _channel().recv(2)
     return rnd.sampled.tolist(), rnd.drafts.tolist()
 
 
@@ -71,9 +72,9 @@ def _divergent_rows(rank: int, world: int):
     t0 = time.monotonic()
     try:
         if rank == LAST:
-            send_round(_group(), LAST, 3, K, sampled, None)
+            _channel().send(3, sampled, None)
         else:
-            recv_round(_group(), LAST, 2, K)  # this rank thinks it holds 2 requests
+            _channel().recv(2)  # this rank thinks it holds 2 requests
     except RoundDivergenceError as e:
         # After the error the group is still usable: no collective was left open.
         dist.barrier()
@@ -96,9 +97,9 @@ def _sender_batch_mismatch(rank: int, world: int):
     try:
         if rank == LAST:
             # 3 sampled rows but the sender's input batch holds 4 requests.
-            send_round(_group(), LAST, 4, K, sampled, None)
+            _channel().send(4, sampled, None)
         else:
-            recv_round(_group(), LAST, 3, K)
+            _channel().recv(3)
     except RoundDivergenceError as e:
         dist.barrier()
         return str(e)
@@ -118,9 +119,9 @@ def _too_wide(rank: int, world: int):
     sampled = torch.ones((2, K + 2), dtype=torch.int32)  # wider than k + 1
     try:
         if rank == LAST:
-            send_round(_group(), LAST, 2, K, sampled, None)
+            _channel().send(2, sampled, None)
         else:
-            recv_round(_group(), LAST, 2, K)
+            _channel().recv(2)
     except RoundDivergenceError as e:
         dist.barrier()
         return str(e)
@@ -138,9 +139,9 @@ def test_malformed_sampled_tensor_raises_everywhere():
 def _k_mismatch(rank: int, world: int):
     try:
         if rank == LAST:
-            send_round(_group(), LAST, 1, 3, torch.tensor([[1, 2, -1, -1]]), None)
+            _channel(k=3).send(1, torch.tensor([[1, 2, -1, -1]]), None)
         else:
-            recv_round(_group(), LAST, 1, 2)
+            _channel(k=2).recv(1)
     except RoundDivergenceError as e:
         return str(e)
     return None
@@ -151,3 +152,76 @@ def test_num_spec_tokens_mismatch_raises_everywhere():
     for r in results:
         assert r.error is None and not r.hung, r.message
         assert "num_speculative_tokens between 2 and 3" in r.value
+
+
+def _rounds_counted(rank: int, world: int):
+    """Three rounds of different sizes on one channel; count the collectives."""
+    calls = {"all_reduce": 0, "broadcast": 0}
+    for name in calls:
+        original = getattr(dist, name)
+
+        def counted(*args, _name=name, _original=original, **kwargs):
+            calls[_name] += 1
+            return _original(*args, **kwargs)
+
+        setattr(dist, name, counted)
+    channel = _channel()
+    got = []
+    for rows in (3, 1, CAPACITY):
+        sampled = torch.arange(rows * (K + 1), dtype=torch.int32).view(rows, K + 1)
+        drafts = torch.arange(rows * K).view(rows, K) + 1000
+        rnd = channel.send(rows, sampled, drafts) if rank == LAST else channel.recv(rows)
+        got.append((rnd.sampled.tolist(), rnd.drafts.tolist()))
+    return got, calls
+
+
+def test_one_all_reduce_per_round_after_one_shape_check():
+    results = run_ranks(_rounds_counted)
+    for r in results:
+        assert r.error is None and not r.hung, r.message
+        got, calls = r.value
+        # 1 shape agreement + 1 per round; nothing else.
+        assert calls == {"all_reduce": 4, "broadcast": 0}
+    assert results[0].value[0] == results[1].value[0]
+    sampled, drafts = results[0].value[0][2]
+    assert sampled[-1] == list(range((CAPACITY - 1) * (K + 1), CAPACITY * (K + 1)))
+    assert drafts[0] == [1000, 1001, 1002]
+
+
+def _capacity_mismatch(rank: int, world: int):
+    try:
+        if rank == LAST:
+            _channel(capacity=16).send(1, torch.tensor([[1, -1, -1, -1]]), None)
+        else:
+            _channel(capacity=8).recv(1)
+    except RoundDivergenceError as e:
+        dist.barrier()
+        return str(e)
+    return None
+
+
+def test_max_num_seqs_mismatch_raises_everywhere_before_any_round():
+    results = run_ranks(_capacity_mismatch, timeout=60)
+    for r in results:
+        assert r.error is None and not r.hung, r.message
+        assert "max_num_seqs between 8 and 16" in r.value
+
+
+def _over_capacity(rank: int, world: int):
+    rows = CAPACITY + 1
+    try:
+        if rank == LAST:
+            _channel().send(rows, torch.ones((rows, K + 1), dtype=torch.int32), None)
+        else:
+            _channel().recv(rows)
+    except RoundDivergenceError as e:
+        dist.barrier()
+        return str(e)
+    return None
+
+
+def test_more_rows_than_max_num_seqs_raises_everywhere():
+    results = run_ranks(_over_capacity, timeout=60)
+    for r in results:
+        assert r.error is None and not r.hung, r.message
+        assert f"more than max_num_seqs={CAPACITY}" in r.value

@@ -25,10 +25,10 @@ Async scheduling, per speculative round (one ``execute_model`` +
 * last rank: vLLM samples and drafts as usual. The sampled tensor is captured
   where vLLM hands it to ``_update_states_after_model_execute``; vLLM's own
   ``[num_reqs, 1]`` broadcast on the device group is suppressed. At the end of
-  ``sample_tokens`` the round goes out through :func:`transport.send_round`.
+  ``sample_tokens`` the round goes out through :meth:`transport.RoundChannel.send`.
 * other ranks: ``execute_model`` stashes the ``scheduler_output`` when it returns
   intermediate tensors; ``sample_tokens`` receives the round
-  (:func:`transport.recv_round`) and then replays what the sampler's rank did:
+  (:meth:`transport.RoundChannel.recv`) and then replays what the sampler's rank did:
   ``_update_states_after_model_execute`` (hybrid models: accepted counts for the
   recurrent-state shift), the next-token/valid-count hand-off
   (``_copy_valid_sampled_token_count``), the placeholder bookkeeping vLLM does
@@ -42,11 +42,12 @@ drafter's values differ, a ``broadcast`` of the target's embedding from the
 first rank (embedding_handover.hand_over_embedding).
 
 Collectives added under async scheduling, per ``sample_tokens`` call, on every
-rank of the PP group: header ``all_reduce``, then one ``broadcast`` of the
-sampled matrix and drafts (in that order, on ``pp.cpu_group``; see
-:mod:`vllm_ppspec.transport`). The last rank calls them after its sampler and
-drafter ran; the others before returning. A rank whose round cannot be applied
-raises only after both completed. Under sync scheduling none are added.
+rank of the PP group: one ``all_reduce`` carrying header, sampled matrix and
+drafts (on ``pp.cpu_group``, preceded once, at the first round, by a shape
+``all_reduce``; see :mod:`vllm_ppspec.transport`). The last rank calls it after
+its sampler and drafter ran; the others before returning. A rank whose round
+cannot be applied raises only after it completed. Under sync scheduling none
+are added.
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ from vllm_ppspec.embedding_share import (  # noqa: E402
     share_mode,
 )
 from vllm_ppspec.rank_errors import watch_pp_peers  # noqa: E402
-from vllm_ppspec.transport import Round, recv_round, send_round  # noqa: E402
+from vllm_ppspec.transport import Round, RoundChannel  # noqa: E402
 
 if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
@@ -194,6 +195,14 @@ class PPSpecRunnerMixin:
                 "vllm-ppspec does not support speculative decoding with the "
                 "external_launcher (torchrun) PP mode; use the default mp executor "
                 "(--distributed-executor-backend mp) or remove --speculative-config."
+            )
+        if self._ppspec_rounds:
+            # One all-reduce per round, of a static size (transport.py).
+            self._ppspec_channel = RoundChannel(
+                pp.cpu_group,
+                pp.last_rank,
+                self.max_num_reqs,  # type: ignore[attr-defined]
+                self.num_spec_tokens,
             )
         if self._ppspec_is_last:
             isolate_drafter(self.drafter)  # type: ignore[attr-defined]
@@ -519,7 +528,6 @@ class PPSpecRunnerMixin:
             if self._ppspec_is_last:
                 attach_drafts(output, self.take_draft_token_ids())  # type: ignore[attr-defined]
             return output
-        pp = get_pp_group()
         if self._ppspec_is_last:
             self._ppspec_round_sampled = None
             output = super().sample_tokens(grammar_output)  # type: ignore[misc]
@@ -529,11 +537,8 @@ class PPSpecRunnerMixin:
                 # No sampler ran, yet the other ranks wait for a round: tell them
                 # (0 rows never matches a batch with requests) so all raise.
                 sampled = torch.empty((0, 1), dtype=torch.int32)
-            send_round(
-                pp.cpu_group,
-                pp.last_rank,
+            self._ppspec_channel.send(
                 self.input_batch.num_reqs,
-                self.num_spec_tokens,
                 sampled,
                 self._draft_token_ids,  # type: ignore[attr-defined]
             )
@@ -549,14 +554,12 @@ class PPSpecRunnerMixin:
         stash, self._ppspec_stash = self._ppspec_stash, None
         if self._ppspec_faults.fires("drop_stash", self._ppspec_step):
             stash = None
-        rnd = recv_round(
-            pp.cpu_group, pp.last_rank, self.input_batch.num_reqs, self.num_spec_tokens
-        )
+        rnd = self._ppspec_channel.recv(self.input_batch.num_reqs)
         # Raise only now, with the round consumed, so the last rank is not left
         # waiting in a collective.
         if stash is None:
             raise MissingStashError(
-                f"PP rank {pp.rank_in_group}: sample_tokens was called without a "
+                f"PP rank {get_pp_group().rank_in_group}: sample_tokens was called without a "
                 "scheduler_output stashed by execute_model; cannot replay the "
                 "speculative round's state update on this rank."
             )

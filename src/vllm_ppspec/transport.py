@@ -3,29 +3,40 @@
 Pure ``torch.distributed`` on a gloo (CPU) process group; it knows nothing of
 vLLM's runner, so it is tested with two plain processes.
 
-Protocol, called by every rank of the PP group, in this order, every round:
+One rendezvous per round. A :class:`RoundChannel` has a static message size,
+``5 + capacity * (2k+1)`` int32 (``capacity`` = the scheduler's
+``max_num_seqs``), so header and payload travel together in one
+``all_reduce(MAX)`` that every rank of the PP group calls, every round, in
+this order:
 
-1. ``all_reduce(MAX)`` of a 5-int header: each rank contributes its row count
-   (the sender: the rows of its sampled matrix; a receiver: its own
-   ``input_batch.num_reqs``), the row count negated, the sender's error flag,
-   and ``k`` and ``-k``. Afterwards every rank knows the minimum and maximum
-   row count and ``k`` of all ranks and whether the sender found its own input
-   inconsistent. If anything disagrees, every rank raises
-   :class:`RoundDivergenceError` right here and no further collective of this
-   round is issued by anyone: nobody hangs.
-2. ``broadcast`` from the last rank of one ``[rows, 2k+1]`` int32 tensor: the
-   ``[rows, k+1]`` sampled matrix (``-1`` padded) and the ``[rows, k]`` draft
-   ids side by side.
+- every rank writes a 5-int header: its row count (the sender: the rows of
+  its sampled matrix; a receiver: its own ``input_batch.num_reqs``), the row
+  count negated, the sender's error flag, ``k`` and ``-k``;
+- the last rank writes its ``[rows, k+1]`` sampled matrix (``-1`` padded) and
+  ``[rows, k]`` draft ids side by side into the first ``rows`` rows of the
+  payload area; every other payload int, on every rank, is ``INT32_MIN``, so
+  the maximum is the sender's payload.
 
-Two rendezvous per round, not one: the payload's size depends on the row
-count, and a collective must not be issued before every rank knows that all
-agree on it (a static-size all-reduce could carry both, but only with sizes
-fixed in advance for every rank).
+Afterwards every rank holds the minimum and maximum row count and ``k`` of all
+ranks, whether the sender found its own input inconsistent, and the round. If
+anything disagrees, every rank raises :class:`RoundDivergenceError` after that
+same collective: nobody is left waiting, and the group stays usable.
+
+The size must be equal on every rank before any round, so the first round of
+a channel is preceded by one ``all_reduce(MAX)`` of ``[capacity, -capacity,
+k, -k]`` (every rank, once): ranks built with different ``max_num_seqs`` or
+``num_speculative_tokens`` raise there, on every rank.
+
+Why one message of static size: between hosts each collective costs a network
+round trip (vLLM #44697 reports ~25 ms of fixed cost per speculative round on
+slow links). Two rendezvous (a header, then a payload sized by it) cost two;
+the static message costs one, for a few KB more bytes (7 KB at 256 requests,
+k=3). ``python -m vllm_ppspec.transport_bench`` measures both.
 
 Why gloo: on CUDA, the PP ``device_group`` (NCCL) is the communicator the
-pipeline's send/recv use; a broadcast issued there interleaves with in-flight
+pipeline's send/recv use; a collective issued there interleaves with in-flight
 ``isend``/``irecv`` of another micro-step and deadlocks. The payload is a few
-dozen integers, so a CPU rendezvous costs little and has no stream ordering.
+thousand integers, so a CPU rendezvous costs little and has no stream ordering.
 """
 
 from __future__ import annotations
@@ -50,11 +61,15 @@ class Round:
     drafts: torch.Tensor  # [rows, k]
 
 
+HEADER = 5
+EMPTY = torch.iinfo(torch.int32).min  # payload filler: loses every MAX
+
+
 def _header(rows: int, k: int, sender_error: bool) -> torch.Tensor:
-    return torch.tensor([rows, -rows, int(sender_error), k, -k], dtype=torch.int64)
+    return torch.tensor([rows, -rows, int(sender_error), k, -k], dtype=torch.int32)
 
 
-def _check_header(h: torch.Tensor, sender_rows_note: str) -> None:
+def _check_header(h: torch.Tensor, sender_rows_note: str, capacity: int) -> None:
     max_rows, min_rows = int(h[0]), -int(h[1])
     sender_error = bool(h[2])
     max_k, min_k = int(h[3]), -int(h[4])
@@ -65,6 +80,8 @@ def _check_header(h: torch.Tensor, sender_rows_note: str) -> None:
         problems.append(f"ranks hold between {min_rows} and {max_rows} requests")
     if max_k != min_k:
         problems.append(f"ranks use num_speculative_tokens between {min_k} and {max_k}")
+    if max_rows > capacity:
+        problems.append(f"a rank holds {max_rows} requests, more than max_num_seqs={capacity}")
     if problems:
         raise RoundDivergenceError(
             "pipeline-parallel ranks disagree on the speculative round: "
@@ -74,47 +91,81 @@ def _check_header(h: torch.Tensor, sender_rows_note: str) -> None:
         )
 
 
-def send_round(
-    group: dist.ProcessGroup,
-    src: int,
-    num_reqs: int,
-    num_spec_tokens: int,
-    sampled: torch.Tensor,
-    drafts: torch.Tensor | list[list[int]] | None,
-) -> Round:
-    """Last PP rank: send this round's sampled matrix and drafts.
+class RoundChannel:
+    """The round exchange of one PP group: one ``all_reduce`` per round (module docstring).
 
-    ``num_reqs`` is the sender's ``input_batch.num_reqs``; a sampled tensor
-    with another row count is reported to every rank (step 1) and raised.
-    ``src`` is the sender's global rank.
+    ``src`` is the last rank's global rank; ``capacity`` the most requests a
+    batch holds (``max_num_seqs``); ``k`` is ``num_speculative_tokens``.
     """
-    rows = int(sampled.shape[0])
-    note = ""
-    matrix = draft_ids = None
-    if rows != num_reqs:
-        note = f"the last PP rank sampled {rows} rows but its input batch holds {num_reqs} requests"
-    else:
-        # Shape checks happen before the header so that a bad tensor is
-        # reported to every rank instead of leaving receivers in a broadcast.
-        try:
-            matrix = pad_sampled(sampled, num_spec_tokens)
-            draft_ids = draft_matrix(drafts, rows, num_spec_tokens)
-        except ValueError as e:
-            note = f"the last PP rank produced a malformed round: {e}"
-    header = _header(rows, num_spec_tokens, sender_error=bool(note))
-    dist.all_reduce(header, op=dist.ReduceOp.MAX, group=group)
-    _check_header(header, note)
-    assert matrix is not None and draft_ids is not None
-    payload = torch.cat([matrix, draft_ids.to(torch.int32)], dim=1).contiguous()
-    dist.broadcast(payload, src=src, group=group)
-    return Round(matrix, draft_ids)
 
+    def __init__(self, group: dist.ProcessGroup, src: int, capacity: int, k: int) -> None:
+        self.group, self.src, self.capacity, self.k = group, src, capacity, k
+        self.width = 2 * k + 1
+        self._agreed = False
 
-def recv_round(group: dist.ProcessGroup, src: int, num_reqs: int, num_spec_tokens: int) -> Round:
-    """Non-last PP rank: receive the round; ``num_reqs`` is this rank's batch size."""
-    header = _header(num_reqs, num_spec_tokens, sender_error=False)
-    dist.all_reduce(header, op=dist.ReduceOp.MAX, group=group)
-    _check_header(header, "")
-    payload = torch.empty((num_reqs, 2 * num_spec_tokens + 1), dtype=torch.int32)
-    dist.broadcast(payload, src=src, group=group)
-    return Round(payload[:, : num_spec_tokens + 1], payload[:, num_spec_tokens + 1 :])
+    def _agree_shape(self) -> None:
+        """Once, on every rank, before the first round: equal message sizes."""
+        shape = torch.tensor([self.capacity, -self.capacity, self.k, -self.k], dtype=torch.int64)
+        dist.all_reduce(shape, op=dist.ReduceOp.MAX, group=self.group)
+        caps, ks = (int(shape[0]), -int(shape[1])), (int(shape[2]), -int(shape[3]))
+        if caps[0] != caps[1] or ks[0] != ks[1]:
+            raise RoundDivergenceError(
+                "pipeline-parallel ranks disagree on the speculative round's shape: "
+                f"max_num_seqs between {caps[1]} and {caps[0]}, num_speculative_tokens "
+                f"between {ks[1]} and {ks[0]}. Every PP rank must be built from the same "
+                "engine configuration; this is a bug, please report it with every rank's log."
+            )
+        self._agreed = True
+
+    def _exchange(self, header: torch.Tensor, payload: torch.Tensor | None) -> torch.Tensor:
+        if not self._agreed:
+            self._agree_shape()
+        message = torch.full((HEADER + self.capacity * self.width,), EMPTY, dtype=torch.int32)
+        message[:HEADER] = header
+        if payload is not None:
+            message[HEADER : HEADER + payload.numel()] = payload.reshape(-1)
+        dist.all_reduce(message, op=dist.ReduceOp.MAX, group=self.group)
+        return message
+
+    def _round(self, message: torch.Tensor) -> Round:
+        rows = int(message[0])
+        payload = message[HEADER : HEADER + rows * self.width].view(rows, self.width)
+        return Round(payload[:, : self.k + 1], payload[:, self.k + 1 :])
+
+    def send(
+        self,
+        num_reqs: int,
+        sampled: torch.Tensor,
+        drafts: torch.Tensor | list[list[int]] | None,
+    ) -> Round:
+        """Last PP rank: send this round's sampled matrix and drafts.
+
+        ``num_reqs`` is the sender's ``input_batch.num_reqs``; a sampled tensor
+        with another row count is reported to every rank and raised.
+        """
+        rows = int(sampled.shape[0])
+        note = ""
+        payload = None
+        if rows != num_reqs:
+            note = (
+                f"the last PP rank sampled {rows} rows but its input batch holds "
+                f"{num_reqs} requests"
+            )
+        elif rows <= self.capacity:
+            # Shape checks happen before the exchange so that a bad tensor is
+            # reported to every rank by the same collective.
+            try:
+                matrix = pad_sampled(sampled, self.k)
+                draft_ids = draft_matrix(drafts, rows, self.k)
+                payload = torch.cat([matrix, draft_ids.to(torch.int32)], dim=1)
+            except ValueError as e:
+                note = f"the last PP rank produced a malformed round: {e}"
+        message = self._exchange(_header(rows, self.k, bool(note)), payload)
+        _check_header(message[:HEADER], note, self.capacity)
+        return self._round(message)
+
+    def recv(self, num_reqs: int) -> Round:
+        """Non-last PP rank: receive the round; ``num_reqs`` is this rank's batch size."""
+        message = self._exchange(_header(num_reqs, self.k, sender_error=False), None)
+        _check_header(message[:HEADER], "", self.capacity)
+        return self._round(message)

@@ -2,11 +2,21 @@
 
     python -m vllm_ppspec.transport_bench [--rounds 300]
 
-Times ``send_round`` / ``recv_round`` (header all-reduce + one broadcast) at
-16 and 256 requests with k=3 and k=7 over 127.0.0.1 and prints the median and
-minimum microseconds per round as seen by the last rank. Sync scheduling
-exchanges nothing per round (docs/design.md), so this is the async path's cost.
-Between hosts each collective adds a network round trip.
+Times one round as seen by the last rank at 16 and 256 requests with k=3 and
+k=7 (``max_num_seqs`` 256, vLLM's default), over 127.0.0.1, for:
+
+* ``one``: :class:`transport.RoundChannel`, the plugin's protocol: one
+  ``all_reduce`` of a static-size message (header + payload);
+* ``two``: the protocol it replaced, kept here as the reference: a header
+  ``all_reduce``, then a ``broadcast`` of a payload sized by it.
+
+Prints the median and minimum microseconds per round, the two protocols
+interleaved. On one host both are a few hundred microseconds, the static
+message slightly slower (it always carries ``max_num_seqs`` rows). Between
+hosts each rendezvous adds network latency that a loopback run cannot show
+(this machine has no netem): the receiver waits for an all-reduce and then a
+broadcast under ``two``, for one all-reduce under ``one``. Sync scheduling
+exchanges nothing per round (docs/design.md).
 """
 
 from __future__ import annotations
@@ -17,15 +27,28 @@ import os
 import socket
 import statistics
 import time
+from typing import Any
 
 CASES = [(16, 3), (16, 7), (256, 3), (256, 7)]
+CAPACITY = 256
+
+
+def _two_rendezvous(rank: int, rows: int, k: int, payload: Any) -> None:
+    """The previous protocol: header all_reduce, then a payload broadcast sized by it."""
+    import torch
+    import torch.distributed as dist
+
+    header = torch.tensor([rows, -rows, 0, k, -k], dtype=torch.int32)
+    dist.all_reduce(header, op=dist.ReduceOp.MAX)
+    buf = payload if rank == 1 else torch.empty((rows, 2 * k + 1), dtype=torch.int32)
+    dist.broadcast(buf, src=1)
 
 
 def _rank(rank: int, port: int, rounds: int, out: mp.Queue) -> None:
     import torch
     import torch.distributed as dist
 
-    from vllm_ppspec.transport import recv_round, send_round
+    from vllm_ppspec.transport import RoundChannel
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
@@ -34,16 +57,21 @@ def _rank(rank: int, port: int, rounds: int, out: mp.Queue) -> None:
     for rows, k in CASES:
         sampled = torch.randint(0, 500, (rows, k + 1), dtype=torch.int32)
         drafts = torch.randint(0, 500, (rows, k), dtype=torch.int32)
-        times = []
+        payload = torch.cat([sampled, drafts], dim=1)
+        channel = RoundChannel(group, 1, CAPACITY, k)  # type: ignore[arg-type]
+        times: dict[str, list[float]] = {"one": [], "two": []}
         for _ in range(rounds):
-            dist.barrier()
-            start = time.perf_counter()
-            if rank == 1:
-                send_round(group, 1, rows, k, sampled, drafts)  # type: ignore[arg-type]
-            else:
-                recv_round(group, 1, rows, k)  # type: ignore[arg-type]
-            times.append((time.perf_counter() - start) * 1e6)
-        results[(rows, k)] = (statistics.median(times), min(times))
+            for proto in ("one", "two"):  # interleaved
+                dist.barrier()
+                start = time.perf_counter()
+                if proto == "two":
+                    _two_rendezvous(rank, rows, k, payload)
+                elif rank == 1:
+                    channel.send(rows, sampled, drafts)
+                else:
+                    channel.recv(rows)
+                times[proto].append((time.perf_counter() - start) * 1e6)
+        results[(rows, k)] = {proto: (statistics.median(t), min(t)) for proto, t in times.items()}
     if rank == 1:
         out.put(results)
     dist.destroy_process_group()
@@ -64,9 +92,17 @@ def main(argv: list[str] | None = None) -> int:
     results = out.get(timeout=600)
     for p in procs:
         p.join(timeout=30)
-    print(f"round exchange over gloo on 127.0.0.1 (async), {args.rounds} rounds per case")
-    for (rows, k), (med, low) in results.items():
-        print(f"  {rows:4d} requests, k={k}: median {med:7.1f} us, min {low:7.1f} us per round")
+    print(
+        f"round exchange over gloo on 127.0.0.1 (async), {args.rounds} interleaved rounds "
+        f"per case, max_num_seqs {CAPACITY}"
+    )
+    for (rows, k), r in results.items():
+        (one_med, one_min), (two_med, two_min) = r["one"], r["two"]
+        print(
+            f"  {rows:4d} requests, k={k}: one rendezvous {one_med:8.1f} us median "
+            f"({one_min:7.1f} min); two {two_med:8.1f} us ({two_min:7.1f}); "
+            f"ratio {one_med / two_med:.2f}"
+        )
     return 0
 
 
