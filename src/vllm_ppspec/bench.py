@@ -20,8 +20,9 @@ It prints tokens/s (min and median over repeats), the ratios, acceptance, and
 each stage's busy fraction: seconds in the target's forward on that rank over
 the phase's wall time, measured inside the runner (vLLM's workers spin while
 they wait, so CPU time says nothing). All greedy outputs must match PP=1
-without spec. Writes ``bench-<target>.json`` and, with matplotlib,
-``bench-<target>.png`` to ``--out``.
+without spec. Then it times the async round exchange (transport_bench: one
+rendezvous per round, µs at 16 and 256 requests, k=3 and 7). Writes
+``bench-<target>-pp<N>.json`` and, with matplotlib, ``.png`` to ``--out``.
 
 ``--target planted``: Llama hidden 1024 x 8 layers fp32 whose greedy output
 ngram predicts (testing.bench_model); ``smollm2``: the real SmolLM2-135M-Instruct
@@ -231,10 +232,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--out", default="results")
     parser.add_argument("--models-dir", default=".cache/models")
+    parser.add_argument(
+        "--transport-rounds",
+        type=int,
+        default=200,
+        help="rounds per case of the async round-exchange timing (0: skip it)",
+    )
     args = parser.parse_args(argv)
     data = run(args)
     table = summarize(data)
     report(data, table)
+    if args.transport_rounds:
+        from vllm_ppspec import transport_bench
+
+        rounds = transport_bench.measure(args.transport_rounds)
+        transport_bench.report(rounds, args.transport_rounds)
+        data["transport_us"] = {f"{rows} requests, k={k}": r for (rows, k), r in rounds.items()}
     bad = check_tokens(table)
     print(
         f"  tokens identical to PP=1 without spec: {not bad}" + (f" (differ: {bad})" if bad else "")

@@ -77,24 +77,26 @@ def _rank(rank: int, port: int, rounds: int, out: mp.Queue) -> None:
     dist.destroy_process_group()
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=300)
-    args = parser.parse_args(argv)
+def measure(rounds: int) -> dict[tuple[int, int], dict[str, tuple[float, float]]]:
+    """{(requests, k): {"one"|"two": (median us, min us)}} from two spawned gloo ranks."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = int(s.getsockname()[1])
     ctx = mp.get_context("spawn")
     out: mp.Queue = ctx.Queue()
-    procs = [ctx.Process(target=_rank, args=(r, port, args.rounds, out)) for r in (0, 1)]
+    procs = [ctx.Process(target=_rank, args=(r, port, rounds, out)) for r in (0, 1)]
     for p in procs:
         p.start()
     results = out.get(timeout=600)
     for p in procs:
         p.join(timeout=30)
+    return results  # type: ignore[no-any-return]
+
+
+def report(results: dict[tuple[int, int], dict[str, tuple[float, float]]], rounds: int) -> None:
     print(
-        f"round exchange over gloo on 127.0.0.1 (async), {args.rounds} interleaved rounds "
-        f"per case, max_num_seqs {CAPACITY}"
+        f"round exchange over gloo on 127.0.0.1 (async scheduling), {rounds} interleaved "
+        f"rounds per case, max_num_seqs {CAPACITY}"
     )
     for (rows, k), r in results.items():
         (one_med, one_min), (two_med, two_min) = r["one"], r["two"]
@@ -103,6 +105,13 @@ def main(argv: list[str] | None = None) -> int:
             f"({one_min:7.1f} min); two {two_med:8.1f} us ({two_min:7.1f}); "
             f"ratio {one_med / two_med:.2f}"
         )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=300)
+    args = parser.parse_args(argv)
+    report(measure(args.rounds), args.rounds)
     return 0
 
 

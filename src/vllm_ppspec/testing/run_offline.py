@@ -218,12 +218,24 @@ def run_phases(llm: Any, job: dict[str, Any], startup_s: float) -> dict[str, Any
                 "generate_s": round(wall, 4),
                 "tokens": sum(len(o.outputs[0].token_ids) for o in outs),
                 "busy": [round((b - a) / wall, 4) for a, b in zip(fwd0, fwd1, strict=True)],
-                "spec": ({k: spec1[k] - spec0[k] for k in spec1} if spec0 and spec1 else None),
+                "spec": _spec_delta(spec0, spec1),
                 "outputs": [list(o.outputs[0].token_ids) for o in outs],
             }
         )
     llm.llm_engine.engine_core.shutdown()
     return {"phases": phases, "startup_s": round(startup_s, 2)}
+
+
+def _spec_delta(before: dict[str, Any] | None, after: dict[str, Any] | None) -> Any:
+    """Counters of ``spec_metrics`` gained between two readings (lists element-wise)."""
+    if not before or not after:
+        return None
+    return {
+        k: [b - a for a, b in zip(before[k], v, strict=True)]
+        if isinstance(v, list)
+        else v - before[k]
+        for k, v in after.items()
+    }
 
 
 def main() -> None:

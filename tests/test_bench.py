@@ -1,0 +1,53 @@
+"""The benchmark runs end to end (tiny target, one repeat) and reports what it promises.
+
+Its figures are not asserted (they are speed); its structure is: every engine
+configuration ran, outputs equal PP=1 without spec (exit code 0), busy
+fractions and acceptance were measured inside the runner, the round-exchange
+timing was printed, and the JSON was written.
+"""
+
+from __future__ import annotations
+
+import json
+
+from tests.conftest import MODELS_DIR
+
+
+def test_bench_runs_every_configuration_and_reports_busy_acceptance_and_transport(
+    models, tmp_path, capsys
+):
+    from vllm_ppspec import bench
+
+    code = bench.main(
+        [
+            "--target=tiny",
+            "--loads=1,4",
+            "--repeats=1",
+            "--max-tokens=24",
+            "--transport-rounds=20",
+            f"--out={tmp_path}",
+            f"--models-dir={MODELS_DIR}",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "tokens identical to PP=1 without spec: True" in out
+    assert "ratios @  4: filled/one batch" in out
+    assert "256 requests, k=7: one rendezvous" in out
+    data = json.loads((tmp_path / "bench-tiny-pp2.json").read_text())
+    summary = data["summary"]
+    assert set(summary) == {"pp1 no spec", "pp1 spec", "no spec", "one batch", "filled"}
+    for name in ("no spec", "one batch", "filled"):
+        for load in ("1", "4"):
+            busy = summary[name][load]["busy_median"]
+            assert len(busy) == 2 and all(0 < b <= 1 for b in busy), (name, load, busy)
+    for name in ("one batch", "filled"):
+        # The successor-walk prompts repeat, so ngram drafts are mostly right.
+        assert summary[name]["4"]["acceptance"] > 0.5, summary[name]
+    assert summary["no spec"]["4"]["acceptance"] is None
+    assert set(data["transport_us"]) == {
+        "16 requests, k=3",
+        "16 requests, k=7",
+        "256 requests, k=3",
+        "256 requests, k=7",
+    }
