@@ -74,6 +74,17 @@ PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
     ("vllm.v1.worker.gpu_worker", "Worker._make_model_runner"),
     ("vllm.v1.worker.cpu_worker", "CPUWorker.init_device"),
     ("vllm.v1.worker.cpu_worker", "CPUModelRunner"),
+    # cpu_moe_collectives.py sets these two on CpuCommunicator (which inherits
+    # the base class's NotImplementedError ones); the MoE all2all manager calls them.
+    ("vllm.distributed.device_communicators.cpu_communicator", "CpuCommunicator"),
+    (
+        "vllm.distributed.device_communicators.base_device_communicator",
+        "DeviceCommunicatorBase.all_gatherv",
+    ),
+    (
+        "vllm.distributed.device_communicators.base_device_communicator",
+        "DeviceCommunicatorBase.reduce_scatterv",
+    ),
     # Config checks that the plugin relaxes when its worker is selected.
     ("vllm.config.vllm", "VllmConfig._get_v1_model_runner_unsupported_features"),
     ("vllm.config.vllm", "VllmConfig.use_v2_model_runner"),
