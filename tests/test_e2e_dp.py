@@ -179,9 +179,50 @@ def test_dp_spec_scenarios_match_dp1_without_spec(
                 assert secs < REQUEST_BOUND_S
                 assert ids == want, f"{name}: rank {rank}, prompt len {len(prompt)}"
             timings[name] = round(max(s for _, s in outs), 1)
+        log = srv.log_path.read_text()
+        assert log.count("drafter runs agreed across DP") == dp, "DP agreement not installed"
         metrics = srv.metrics()
         # Speculative decoding really ran (drafts were proposed and verified).
         assert metrics.get("vllm:spec_decode_num_draft_tokens_total", 0) > 0, metrics
         print(f"started in {started:.0f}s; slowest request per scenario {timings}")
+    finally:
+        srv.stop()
+
+
+def test_dp_disagreement_on_one_rank_stops_the_engine_within_the_bound(models, tmp_path):
+    """``dp_disagree@3``: DP rank 1 misreports its 3rd drafter run; every DP rank raises,
+    the request fails and the server stops serving within seconds (no hang)."""
+    import openai
+
+    args = [
+        *serve_args(models["moe"], "tiny", MAX_MODEL_LEN),
+        "--data-parallel-size",
+        "2",
+        "--distributed-executor-backend",
+        "mp",
+        "--speculative-config",
+        json.dumps(_spec(models, "draft_moe")),
+        "--worker-cls",
+        WORKER_QUALNAME,
+        "--no-async-scheduling",
+    ]
+    env = {**cpu_env(1, 2), "VLLM_PPSPEC_FAULT": "dp_disagree@3"}
+    srv = _start("dp2-disagree", args, env, tmp_path)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(openai.APIError):
+            _complete(srv, 1, _prompt(8, 6), 40)
+        failed_after = time.monotonic() - t0
+        assert failed_after < 30, failed_after
+        log = srv.log_path.read_text()
+        assert "DPAgreementError" in log and "numbers of drafter forwards differ" in log
+        # Both DP ranks' workers raised it (each names the gathered table).
+        raised = {
+            line.split()[0]
+            for line in log.splitlines()
+            if "dp_agreement.DPAgreementError: vllm-ppspec: DP ranks disagree" in line
+        }
+        assert raised == {"(Worker_DP0", "(Worker_DP1"}, raised
+        print(f"request failed after {failed_after:.1f}s")
     finally:
         srv.stop()
