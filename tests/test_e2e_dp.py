@@ -226,3 +226,26 @@ def test_dp_disagreement_on_one_rank_stops_the_engine_within_the_bound(models, t
         print(f"request failed after {failed_after:.1f}s")
     finally:
         srv.stop()
+
+
+def test_stock_worker_still_fails_with_a_moe_model_at_dp2_on_cpu(models, tmp_path):
+    """Why cpu_moe_collectives exists: vLLM's own worker at DP=2 fails at the first
+    forward (CpuCommunicator.all_gatherv raises NotImplementedError). When this test
+    fails, vLLM has fixed it and the plugin's replacement can go."""
+    import openai
+
+    args = [
+        *serve_args(models["moe"], "tiny", MAX_MODEL_LEN),
+        "--data-parallel-size",
+        "2",
+        "--distributed-executor-backend",
+        "mp",
+    ]
+    srv = _start("dp2-stock", args, cpu_env(1, 2), tmp_path)
+    try:
+        with pytest.raises(openai.APIError):
+            _complete(srv, 0, _prompt(9, 4), 4)
+        log = srv.log_path.read_text()
+        assert "NotImplementedError" in log and "all_gatherv" in log, log[-3000:]
+    finally:
+        srv.stop()
