@@ -225,9 +225,9 @@ class PPSpecRunnerMixin:
     def _ppspec_install_dp_agreement(self) -> None:
         """On a rank holding a model drafter at DP > 1, install the DP agreement."""
         drafter = getattr(self, "drafter", None)
-        if self.parallel_config.data_parallel_size <= 1 or not isinstance(  # type: ignore[attr-defined]
-            drafter, SpecDecodeBaseProposer
-        ):
+        if not isinstance(drafter, SpecDecodeBaseProposer):  # none here, or no model forward
+            return
+        if self.parallel_config.data_parallel_size <= 1:  # type: ignore[attr-defined]
             return
         fault = faults.Faults.from_env()
         dp = get_dp_group()
