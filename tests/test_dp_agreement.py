@@ -26,45 +26,35 @@ def _world():
     return dist.group.WORLD
 
 
-def _agree_case(rank: int, world: int):
-    return dp_agreement.agree(
+def _disagreement(rank: int, **fields):
+    t0 = time.monotonic()
+    try:
+        dp_agreement.agree(_world(), rank, **fields)
+    except DPAgreementError as e:
+        return time.monotonic() - t0, str(e)
+    return None
+
+
+def _agree_cases(rank: int, world: int):
+    # Every agreement completes its all_gather, so the group stays usable after a raise.
+    agreed = dp_agreement.agree(
         _world(), rank, run=7, drafts=rank == 0, forwards=3, tokens=[5, 1][rank]
     )
+    forwards = _disagreement(rank, run=8, drafts=True, forwards=3 + rank, tokens=4)
+    runs = _disagreement(rank, run=10 + rank, drafts=False, forwards=3, tokens=1)
+    return agreed, forwards, runs
 
 
-def test_matching_runs_give_the_same_agreement_on_every_rank():
-    results = run_ranks(_agree_case, world=2, timeout=60)
+def test_agreement_is_the_same_on_every_rank_and_disagreement_raises_on_every_rank():
+    results = run_ranks(_agree_cases, world=2, timeout=60)
     for r in results:
-        assert r.error is None, r.message
-        assert r.value == Agreement(run=7, forwards=3, tokens=(5, 1), drafts=(True, False))
-        assert r.value.padded_tokens == 5
-
-
-def _forwards_differ(rank: int, world: int):
-    t0 = time.monotonic()
-    try:
-        dp_agreement.agree(_world(), rank, run=2, drafts=True, forwards=3 + rank, tokens=4)
-    except DPAgreementError as e:
-        return time.monotonic() - t0, str(e)
-    return None
-
-
-def _runs_differ(rank: int, world: int):
-    t0 = time.monotonic()
-    try:
-        dp_agreement.agree(_world(), rank, run=10 + rank, drafts=False, forwards=3, tokens=1)
-    except DPAgreementError as e:
-        return time.monotonic() - t0, str(e)
-    return None
-
-
-def test_disagreement_raises_on_every_rank_within_seconds():
-    for case, words in ((_forwards_differ, "forwards differ"), (_runs_differ, "run counts differ")):
-        results = run_ranks(case, world=2, timeout=60)
-        for r in results:
-            assert r.error is None and not r.hung, r.message
-            assert r.value is not None, f"rank {r.rank} did not raise"
-            secs, msg = r.value
+        assert r.error is None and not r.hung, r.message
+        agreed, forwards, runs = r.value
+        assert agreed == Agreement(run=7, forwards=3, tokens=(5, 1), drafts=(True, False))
+        assert agreed.padded_tokens == 5
+        for raised, words in ((forwards, "forwards differ"), (runs, "run counts differ")):
+            assert raised is not None, f"rank {r.rank} did not raise ({words})"
+            secs, msg = raised
             assert secs < 5 and words in msg and "DP rank 1" in msg, msg
 
 
