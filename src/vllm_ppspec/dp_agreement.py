@@ -210,8 +210,11 @@ def install(drafter: Any, group: Any, dp_rank: int, disagree_at: int = 0) -> Non
         return forwards_of_propose(drafter, num_speculative_tokens)
 
     def dummy_forwards(
-        num_tokens: int, *args: Any, is_graph_capturing: bool = False, **kw: Any
-    ) -> int:
+        num_tokens: int,
+        use_cudagraphs: bool = True,
+        is_graph_capturing: bool = False,
+        slot_mappings: Any = None,
+    ) -> int:  # dummy_run's own signature
         return forwards_of_dummy_run(drafter, is_graph_capturing)
 
     determine = drafter._determine_batch_execution_and_padding
