@@ -6,7 +6,7 @@ import vllm.v1.worker.cpu_worker as _vllm_cpu_worker  # noqa: E402
 from vllm.v1.worker.cpu_worker import CPUWorker  # noqa: E402
 
 import vllm_ppspec.cpu_runner as _cpu_runner  # runs the version guard first
-from vllm_ppspec import cpu_eager_correction, cpu_expand_fix
+from vllm_ppspec import cpu_eager_correction, cpu_expand_fix, cpu_moe_collectives
 from vllm_ppspec.config_patches import require_installed
 from vllm_ppspec.rank_errors import RankErrorsEndEngine
 
@@ -21,6 +21,10 @@ class PPSpecCPUWorker(RankErrorsEndEngine, CPUWorker):
         cpu_expand_fix.install()
         # Async spec decode: no inductor compile mid-serving (cpu_eager_correction.py).
         cpu_eager_correction.install()
+        # MoE layers at DP > 1 need all_gatherv / reduce_scatterv, which vLLM's
+        # CpuCommunicator lacks (cpu_moe_collectives.py); set them before the
+        # distributed groups are built.
+        cpu_moe_collectives.install()
         # CPUWorker.init_device constructs the runner by the module-level name
         # CPUModelRunner; point that name at our runner for this call only.
         original = _vllm_cpu_worker.CPUModelRunner

@@ -11,6 +11,10 @@
 * ``raise_in_round@n``: applying the round received in ``sample_tokens`` raises
   (async scheduling).
 
+``VLLM_PPSPEC_FAULT=dp_disagree@n`` acts on drafter ranks instead: at DP > 1,
+DP rank 1 reports one drafter forward more than it will run at its n-th
+``propose`` (every DP rank then raises ``DPAgreementError``; dp_agreement.py).
+
 These exist so that tests can show a broken invariant is caught and that an
 error on a rank vLLM does not read replies from still ends the engine.
 """
@@ -22,7 +26,7 @@ from dataclasses import dataclass
 
 SKIP_STATE_REPLAY = "VLLM_PPSPEC_FAULT_SKIP_STATE_REPLAY"
 FAULT = "VLLM_PPSPEC_FAULT"
-KINDS = ("drop_stash", "raise", "raise_in_round")
+KINDS = ("drop_stash", "raise", "raise_in_round", "dp_disagree")
 
 
 class InjectedFault(RuntimeError):

@@ -48,6 +48,10 @@ drafts (on ``pp.cpu_group``, preceded once, at the first round, by a shape
 its sampler and drafter ran; the others before returning. A rank whose round
 cannot be applied raises only after it completed. Under sync scheduling none
 are added.
+
+At DP > 1 (MoE targets), per drafter run, on every rank holding a drafter:
+one ``all_gather`` on the DP group's ``cpu_group`` before the drafter's first
+forward (:mod:`vllm_ppspec.dp_agreement`).
 """
 
 from __future__ import annotations
@@ -63,10 +67,11 @@ from vllm_ppspec.version_guard import check_vllm
 
 check_vllm()
 
-from vllm.distributed.parallel_state import get_pp_group  # noqa: E402
+from vllm.distributed.parallel_state import get_dp_group, get_pp_group  # noqa: E402
 from vllm.logger import init_logger  # noqa: E402
 from vllm.sequence import IntermediateTensors  # noqa: E402
 from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
+from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer  # noqa: E402
 from vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils import (  # noqa: E402
     aux_hidden_state_relay_keys,
     reserve_aux_intermediate_tensor_slots,
@@ -75,7 +80,7 @@ from vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils import (  # noqa: E402
 )
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner  # noqa: E402
 
-from vllm_ppspec import faults  # noqa: E402
+from vllm_ppspec import dp_agreement, faults  # noqa: E402
 from vllm_ppspec.accepted_counts import AcceptedCounts  # noqa: E402
 from vllm_ppspec.accounting import next_tokens_and_counts  # noqa: E402
 from vllm_ppspec.draft_delivery import attach_drafts  # noqa: E402
@@ -188,6 +193,9 @@ class PPSpecRunnerMixin:
         self._ppspec_stash: SchedulerOutput | None = None
         self._ppspec_round_sampled: torch.Tensor | None = None
         self._ppspec_deferred: Callable[[], None] | None = None
+        # DP > 1 (MoE targets): this rank's drafter agrees with the other DP
+        # ranks' on each run (dp_agreement.py), with PP or without.
+        self._ppspec_install_dp_agreement()
         if not self._ppspec_active:
             return
         if self.broadcast_pp_output:
@@ -221,6 +229,27 @@ class PPSpecRunnerMixin:
             self.speculative_config.method,
             self.num_spec_tokens,
             "async" if self.use_async_scheduling else "sync",
+        )
+
+    def _ppspec_install_dp_agreement(self) -> None:
+        """On a rank holding a model drafter at DP > 1, install the DP agreement."""
+        drafter = getattr(self, "drafter", None)
+        if not isinstance(drafter, SpecDecodeBaseProposer):  # none here, or no model forward
+            return
+        if self.parallel_config.data_parallel_size <= 1:  # type: ignore[attr-defined]
+            return
+        fault = faults.Faults.from_env()
+        dp = get_dp_group()
+        dp_agreement.install(
+            drafter,
+            dp.cpu_group,
+            dp.rank_in_group,
+            disagree_at=fault.at_step if fault.kind == "dp_disagree" else 0,
+        )
+        logger.info(
+            "vllm-ppspec: drafter runs agreed across DP (rank %d of %d) on the DP gloo group",
+            dp.rank_in_group,
+            dp.world_size,
         )
 
     # ------------------------------------------------------------------

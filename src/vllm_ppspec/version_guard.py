@@ -74,12 +74,29 @@ PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
     # vLLM's embedding-sharing decision, replayed under PP (embedding_share.py).
     ("vllm.v1.spec_decode.llm_base_proposer", "SpecDecodeBaseProposer._maybe_share_embeddings"),
     ("vllm.v1.spec_decode.draft_model", "DraftModelProposer._maybe_share_embeddings"),
+    # DP agreement (dp_agreement.py): wrapped on the drafter instance at DP > 1.
+    (
+        "vllm.v1.spec_decode.llm_base_proposer",
+        "SpecDecodeBaseProposer._determine_batch_execution_and_padding",
+    ),
+    ("vllm.v1.spec_decode.llm_base_proposer", "SpecDecodeBaseProposer"),
     # The PP group global swapped while the drafter runs.
     ("vllm.distributed.parallel_state", "_PP"),
     # Workers: how each platform's worker builds its runner.
     ("vllm.v1.worker.gpu_worker", "Worker._make_model_runner"),
     ("vllm.v1.worker.cpu_worker", "CPUWorker.init_device"),
     ("vllm.v1.worker.cpu_worker", "CPUModelRunner"),
+    # cpu_moe_collectives.py sets these two on CpuCommunicator (which inherits
+    # the base class's NotImplementedError ones); the MoE all2all manager calls them.
+    ("vllm.distributed.device_communicators.cpu_communicator", "CpuCommunicator"),
+    (
+        "vllm.distributed.device_communicators.base_device_communicator",
+        "DeviceCommunicatorBase.all_gatherv",
+    ),
+    (
+        "vllm.distributed.device_communicators.base_device_communicator",
+        "DeviceCommunicatorBase.reduce_scatterv",
+    ),
     # Config checks that the plugin relaxes when its worker is selected.
     ("vllm.config.vllm", "VllmConfig._get_v1_model_runner_unsupported_features"),
     ("vllm.config.vllm", "VllmConfig.use_v2_model_runner"),
@@ -129,6 +146,24 @@ MIRRORED_FUNCTIONS: tuple[tuple[str, str, str, str], ...] = (
         "GPUModelRunner.sample_tokens",
         "047e6a4738dead56",
         "runner.PPSpecRunnerMixin.sample_tokens (non-last branch)",
+    ),
+    (
+        "vllm.v1.spec_decode.llm_base_proposer",
+        "SpecDecodeBaseProposer.propose",
+        "00017c139f27a3e7",
+        "dp_agreement.forwards_of_propose (its number of drafter forwards)",
+    ),
+    (
+        "vllm.v1.spec_decode.llm_base_proposer",
+        "SpecDecodeBaseProposer.dummy_run",
+        "5e2e533fb829b334",
+        "dp_agreement.forwards_of_dummy_run (its number of drafter forwards)",
+    ),
+    (
+        "vllm.v1.spec_decode.llm_base_proposer",
+        "SpecDecodeBaseProposer._determine_batch_execution_and_padding",
+        "6919756134947839",
+        "dp_agreement.install (agrees at its first call in a drafter run)",
     ),
     (
         "vllm.utils.cpu_triton_utils",

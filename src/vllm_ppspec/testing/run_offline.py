@@ -33,12 +33,19 @@ from typing import Any
 from vllm_ppspec import WORKER_QUALNAME
 
 
-def cpu_env(pp: int) -> dict[str, str]:
-    """Environment for the CPU backend on this small machine."""
+def cpu_env(pp: int, dp: int = 1) -> dict[str, str]:
+    """Environment for the CPU backend on this small machine.
+
+    One core list per worker: vLLM's CPU executor (OMPProcessManager) gives DP
+    engine ``d`` the entries ``d * pp`` .. ``(d + 1) * pp - 1`` of
+    ``VLLM_CPU_OMP_THREADS_BIND`` (order DP, PP, TP), so with more workers than
+    cores, workers share cores round-robin.
+    """
     cores = os.cpu_count() or 1
-    binds = "|".join(str(i % cores) for i in range(pp))
+    workers = pp * dp
+    binds = "|".join(str(i % cores) for i in range(workers))
     return {
-        "VLLM_CPU_OMP_THREADS_BIND": binds if pp > 1 else "auto",
+        "VLLM_CPU_OMP_THREADS_BIND": binds if workers > 1 else "auto",
         "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
     }
 

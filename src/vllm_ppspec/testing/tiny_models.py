@@ -23,6 +23,11 @@ Fixtures
 ``eagle``         EAGLE (v1) drafter hand-set to propose ``SUCC[token]`` (partial acceptance).
 ``mimo``          MiMo (Qwen2) target whose MTP layer is hand-set to propose ``SUCC[token]``;
                   use ``{"method": "mtp", "num_speculative_tokens": k}`` (partial acceptance).
+``moe``           MixtralForCausalLM (MoE) target: ``target``'s embeddings, attention and
+                  head, each MLP replaced by 4 random experts (top-2, random router), so
+                  its greedy output is not the rule below and depends on every expert.
+``moe_copy``      ``draft_model`` drafter for ``moe``: the same weights (a MoE drafter,
+                  whose MoE layers run DP collectives too).
 
 How the targets behave
 ----------------------
@@ -101,7 +106,15 @@ FIXTURES = (
     "eagle3_aux",
     "eagle",
     "mimo",
+    "moe",
+    "moe_copy",
 )
+
+# The MoE target (``moe``): Mixtral experts in place of each layer's MLP.
+MOE_EXPERTS = 4
+MOE_TOP_K = 2
+_MOE_EXPERT_STD = 0.05  # expert weights: large enough that the experts change the output
+_MOE_ROUTER_STD = 1.0
 
 # Residual-stream layout of the targets: [constant | token (orbit) | padding (gate)].
 _C = slice(0, 8)
@@ -545,6 +558,37 @@ def _eagle3_aux_tensors(seed: int) -> Tensors:
     return sd
 
 
+def _moe_tensors(seed: int) -> Tensors:
+    """``target``'s tensors with each MLP replaced by Mixtral experts and a router."""
+    gen = _gen(seed)
+    sd = {k: v for k, v in _target_tensors("llama", seed=2001).items() if ".mlp." not in k}
+    for layer in range(NUM_LAYERS):
+        p = f"model.layers.{layer}.block_sparse_moe."
+        sd[p + "gate.weight"] = _randn(gen, MOE_EXPERTS, HIDDEN, std=_MOE_ROUTER_STD)
+        for e in range(MOE_EXPERTS):
+            q = f"{p}experts.{e}."
+            sd[q + "w1.weight"] = _randn(gen, INTERMEDIATE, HIDDEN, std=_MOE_EXPERT_STD)
+            sd[q + "w3.weight"] = _randn(gen, INTERMEDIATE, HIDDEN, std=_MOE_EXPERT_STD)
+            sd[q + "w2.weight"] = _randn(gen, HIDDEN, INTERMEDIATE, std=_MOE_EXPERT_STD)
+    return sd
+
+
+def _mixtral_config() -> dict[str, object]:
+    from transformers import MixtralConfig
+
+    kwargs = _common_config_kwargs()
+    cfg = MixtralConfig(
+        **kwargs,
+        num_hidden_layers=NUM_LAYERS,
+        head_dim=HEAD_DIM,
+        num_local_experts=MOE_EXPERTS,
+        num_experts_per_tok=MOE_TOP_K,
+        sliding_window=None,
+        architectures=["MixtralForCausalLM"],
+    )
+    return cfg.to_dict()
+
+
 def _eagle_tensors(seed: int) -> Tensors:
     """EAGLE (v1) drafter: ``fc`` [H, 2H] + ``layers.0.*`` without ``input_layernorm``.
 
@@ -677,6 +721,8 @@ def _fixture_specs() -> dict[str, Spec]:
         ),
         "eagle": lambda: (_llama_config(1), _eagle_tensors(6001)),
         "mimo": lambda: (_qwen2_mimo_config(), _mimo_tensors()),
+        "moe": lambda: (_mixtral_config(), _moe_tensors(7001)),
+        "moe_copy": lambda: (_mixtral_config(), _moe_tensors(7001)),
     }
 
 
