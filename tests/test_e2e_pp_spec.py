@@ -227,10 +227,14 @@ def test_pp3_spec_matches_pp1_without_spec(models, baseline, method, mode):
     each stage captures one auxiliary hidden state (aux layers 1, 2, 3) and the
     middle stage relays the first stage's to the last (where the drafter is).
     ``eagle3_aux`` reads its first draft from that state only: a lost or wrong
-    relay collapses its acceptance (about 1% instead of the planted rule's)."""
+    relay collapses its acceptance (about 1% instead of the planted rule's).
+    Every case sets the 2 | 1 | 1 split with VLLM_PP_LAYER_PARTITION, which
+    the one-stage drafter build must not see (a draft model raised before)."""
     target, spec = _spec(models, method)
     eagle3 = method.startswith("eagle3")
-    env = {"VLLM_PP_LAYER_PARTITION": "2,1,1"} if eagle3 else {}
+    # The draft model is built as one stage while this partition lays out the
+    # target's three (drafter_scope.target_partition_hidden).
+    env = {"VLLM_PP_LAYER_PARTITION": "2,1,1"}
     res = run_job(
         job(
             models[target],
