@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
 import vllm.distributed.parallel_state as ps
 
 from vllm_ppspec.drafter_scope import SingleStageGroupView, isolate_drafter, single_stage_pp
@@ -59,3 +60,31 @@ def test_drafter_methods_run_under_the_view_and_restore_it(monkeypatch):
             assert isinstance(ps._PP, SingleStageGroupView)
             assert ps._PP._real is real
     assert ps._PP is real
+
+
+def test_drafter_build_does_not_see_the_targets_stage_partition(monkeypatch):
+    """VLLM_PP_LAYER_PARTITION lays out the target's stages; the drafter is built as
+    one stage, so vLLM's get_pp_indices would refuse that partition for it."""
+    import vllm.envs as envs
+    from vllm.distributed.utils import get_pp_indices
+
+    monkeypatch.setattr(ps, "_PP", _fake_pp_group())
+    monkeypatch.setenv("VLLM_PP_LAYER_PARTITION", "2,1,1")
+    with pytest.raises(ValueError, match="does not match pp_size=1"):
+        get_pp_indices(1, 0, 1)  # what an unwrapped drafter build hits
+
+    class Drafter:
+        def _get_model(self):
+            return get_pp_indices(1, 0, 1), envs.VLLM_PP_LAYER_PARTITION
+
+    d = Drafter()
+    isolate_drafter(d)
+    assert d._get_model() == ((0, 1), None)
+    assert envs.VLLM_PP_LAYER_PARTITION == "2,1,1"  # restored for the target
+    envs.enable_envs_cache()  # as the worker does after set-up
+    try:
+        assert d._get_model() == ((0, 1), None)
+        assert envs._is_envs_cache_enabled()
+        assert envs.VLLM_PP_LAYER_PARTITION == "2,1,1"
+    finally:
+        envs.disable_envs_cache()

@@ -123,6 +123,28 @@ def _check_drafter_embedding_is_its_own(res, checkpoint: str) -> None:
     assert digests[-1] == checkpoint_embedding_digest(checkpoint), digests
 
 
+def _check_drafter_layers(res, method: str) -> None:
+    """The drafter on the last rank numbers its layers after the target's total
+    layer count (4), not the last PP stage's share of it (seed 004).
+
+    vLLM 0.32's EAGLE-3 head takes ``get_total_num_hidden_layers()`` and stores it
+    as ``target_layer_count`` (its layers are ``model.layers.{count + i}``); the
+    EAGLE head takes ``get_num_layers(parallel_config)``, which is the total only
+    because the plugin builds the drafter with a single-stage parallel config
+    (``drafter_scope._single_stage_config``). With the shard count, the PP=2
+    stage's drafter layer would be ``model.layers.2`` (a clash with the target's
+    layer on that rank) and the PP=3 (2|1|1) one ``model.layers.1`` (no clash:
+    only this probe sees it).
+    """
+    from vllm_ppspec.testing.tiny_models import NUM_LAYERS
+
+    layers = res.result["probes"]["drafter_layers"]
+    assert layers[:-1] == [None] * (len(layers) - 1), layers  # no drafter there
+    assert layers[-1]["attention_layers"] == [f"model.layers.{NUM_LAYERS}.self_attn.attn"], layers
+    if method.startswith("eagle3"):
+        assert layers[-1]["target_layer_count"] == NUM_LAYERS, layers
+
+
 @pytest.fixture(scope="module")
 def pp1_spec_metrics(models):
     """vLLM's own worker at PP=1 with spec: its counters, per method (cached)."""
@@ -143,6 +165,7 @@ def pp1_spec_metrics(models):
 def test_pp2_spec_matches_pp1_without_spec(models, baseline, pp1_spec_metrics, method, mode):
     target, spec = _spec(models, method)
     probe = method.startswith("draft_")
+    eagle = method.startswith("eagle")
     res = run_job(
         job(
             models[target],
@@ -150,6 +173,7 @@ def test_pp2_spec_matches_pp1_without_spec(models, baseline, pp1_spec_metrics, m
             spec=spec,
             async_scheduling=(mode == "async"),
             probe_drafter_embedding=probe,
+            probe_drafter_layers=eagle,
         )
     )
     assert res.returncode == 0, res.log[-8000:]
@@ -157,6 +181,8 @@ def test_pp2_spec_matches_pp1_without_spec(models, baseline, pp1_spec_metrics, m
     _check_acceptance(method, res.result["spec"])
     if probe:
         _check_drafter_embedding_is_its_own(res, spec["model"])
+    if eagle:
+        _check_drafter_layers(res, method)
     got = res.result["spec"]
     assert got["accepted"] <= got["drafts"] and sum(got["per_position"]) == got["accepted"]
     if method in ("eagle3", "draft_random", "mtp"):
@@ -201,13 +227,31 @@ def test_pp3_spec_matches_pp1_without_spec(models, baseline, method, mode):
     each stage captures one auxiliary hidden state (aux layers 1, 2, 3) and the
     middle stage relays the first stage's to the last (where the drafter is).
     ``eagle3_aux`` reads its first draft from that state only: a lost or wrong
-    relay collapses its acceptance (about 1% instead of the planted rule's)."""
+    relay collapses its acceptance (about 1% instead of the planted rule's).
+    Every case sets the 2 | 1 | 1 split with VLLM_PP_LAYER_PARTITION, which
+    the one-stage drafter build must not see (a draft model raised before)."""
     target, spec = _spec(models, method)
-    env = {"VLLM_PP_LAYER_PARTITION": "2,1,1"} if method.startswith("eagle3") else {}
-    res = run_job(job(models[target], pp=3, spec=spec, async_scheduling=(mode == "async"), env=env))
+    eagle3 = method.startswith("eagle3")
+    # The draft model is built as one stage while this partition lays out the
+    # target's three (drafter_scope.target_partition_hidden).
+    env = {"VLLM_PP_LAYER_PARTITION": "2,1,1"}
+    res = run_job(
+        job(
+            models[target],
+            pp=3,
+            spec=spec,
+            async_scheduling=(mode == "async"),
+            env=env,
+            probe_drafter_layers=eagle3,
+        )
+    )
     assert res.returncode == 0, res.log[-8000:]
     assert res.outputs == baseline[target]
     _check_acceptance(method, res.result["spec"])
+    if eagle3:
+        # The last stage holds 1 of the 4 layers: its drafter is still numbered
+        # after all 4.
+        _check_drafter_layers(res, method)
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])

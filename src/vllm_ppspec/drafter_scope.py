@@ -10,6 +10,11 @@ group. The config the drafter is built from gets a copy of the parallel config
 with ``pipeline_parallel_size = 1`` too (EAGLE's Llama head names its layers
 after ``get_num_layers(parallel_config)``: under PP that is the last stage's
 share, and the names collide with the target's layers on that stage).
+
+While the drafter is built, ``VLLM_PP_LAYER_PARTITION`` is hidden: it gives the
+target's layers per stage, and vLLM's ``get_pp_indices`` applies it to any
+model, so a drafter built as one stage (``make_layers``, EAGLE's
+``get_num_layers``) would raise "len(partitions)=3 does not match pp_size=1".
 """
 
 from __future__ import annotations
@@ -17,11 +22,13 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import vllm.distributed.parallel_state as parallel_state
+import vllm.envs as envs
 
 # Drafter methods that build or run the draft model.
 DRAFTER_MODEL_METHODS = ("_get_model", "propose", "dummy_run")
@@ -67,6 +74,41 @@ def single_stage_pp() -> Iterator[None]:
         parallel_state._PP = real
 
 
+PARTITION_ENV = "VLLM_PP_LAYER_PARTITION"
+
+
+@contextmanager
+def target_partition_hidden() -> Iterator[None]:
+    """Hide ``VLLM_PP_LAYER_PARTITION`` (the target's stage layout) for a while.
+
+    vLLM reads it through ``vllm.envs``; if that module already caches values
+    (``enable_envs_cache``, after the worker's set-up), the cache is dropped
+    for the while and enabled again after.
+    """
+    if os.environ.get(PARTITION_ENV) is None:
+        yield
+        return
+    cached = envs._is_envs_cache_enabled()
+    if cached:
+        envs.disable_envs_cache()
+    saved = os.environ.pop(PARTITION_ENV)
+    try:
+        yield
+    finally:
+        os.environ[PARTITION_ENV] = saved
+        if cached:
+            envs.enable_envs_cache()
+
+
+def _built_as_one_stage(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with single_stage_pp(), target_partition_hidden():
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
 def _in_single_stage(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -101,4 +143,5 @@ def isolate_drafter(drafter: Any) -> None:
     for name in DRAFTER_MODEL_METHODS:
         method = getattr(drafter, name, None)
         if method is not None:
-            setattr(drafter, name, _in_single_stage(method))
+            wrap = _built_as_one_stage if name == "_get_model" else _in_single_stage
+            setattr(drafter, name, wrap(method))

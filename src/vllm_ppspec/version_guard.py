@@ -82,6 +82,9 @@ PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
     ("vllm.v1.spec_decode.llm_base_proposer", "SpecDecodeBaseProposer"),
     # The PP group global swapped while the drafter runs.
     ("vllm.distributed.parallel_state", "_PP"),
+    # The envs cache dropped while VLLM_PP_LAYER_PARTITION is hidden from the
+    # drafter's build (drafter_scope.target_partition_hidden).
+    ("vllm.envs", "_is_envs_cache_enabled"),
     # Workers: how each platform's worker builds its runner.
     ("vllm.v1.worker.gpu_worker", "Worker._make_model_runner"),
     ("vllm.v1.worker.cpu_worker", "CPUWorker.init_device"),

@@ -33,3 +33,29 @@ def checkpoint_embedding_digest(model_dir: str) -> int:
 def forward_seconds(worker: Any) -> float:
     """Seconds this rank spent in the target model's forward (runner mixin's clock)."""
     return float(getattr(worker.model_runner, "ppspec_forward_s", float("nan")))
+
+
+def drafter_layers(worker: Any) -> dict[str, Any] | None:
+    """How the drafter on this rank numbers its layers (None without a drafter).
+
+    ``target_layer_count``: the target layer count an EAGLE-3 drafter was built
+    with (``Eagle3LlamaForCausalLM`` sets it on its config; None for other
+    drafters); ``attention_layers``: the names of the drafter's attention
+    layers, numbered from that count (``model.layers.{count + i}``).
+    """
+    drafter = getattr(worker.model_runner, "drafter", None)
+    model = getattr(drafter, "model", None)
+    if model is None:
+        return None
+    names = sorted(
+        {
+            str(module.layer_name)
+            for module in model.modules()
+            if hasattr(module, "kv_cache") and hasattr(module, "layer_name")
+        }
+    )
+    config = getattr(model, "config", None)
+    return {
+        "target_layer_count": getattr(config, "target_layer_count", None),
+        "attention_layers": names,
+    }

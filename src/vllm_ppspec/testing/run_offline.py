@@ -9,9 +9,12 @@ Job keys: ``model``, ``pp`` (default 1), ``spec`` (speculative config or null),
 ``worker`` (``"ppspec"`` = ``vllm_ppspec.worker.PPSpecWorker``, ``"stock"`` =
 vLLM's default), ``async_scheduling`` (true/false/null), ``enforce_eager``,
 ``max_num_batched_tokens``, ``max_num_seqs``, ``dtype``, ``enable_prefix_caching``,
-``num_kv_blocks`` (a small KV cache, to force preemption), ``env`` (variables to set),
+``num_kv_blocks`` (a small KV cache, to force preemption), ``block_size``,
+``kv_transfer_config`` (vLLM's KVTransferConfig fields, for PD disaggregation),
+``env`` (variables to set),
 ``phases`` (benchmark mode, see :func:`run_phases`),
 ``probe_drafter_embedding`` (report each rank's drafter embedding digest),
+``probe_drafter_layers`` (report each rank's drafter layer numbering),
 ``requests``: a list of ``{"prompt_token_ids": [...], "max_tokens": n,
 "temperature": t, "top_p": p, "top_k": k, "seed": s, "logprobs": n,
 "structured": {"regex": ...} or {"json": schema}}`` (EOS is ignored except for
@@ -19,7 +22,8 @@ structured requests, whose grammar ends on it).
 
 Output: ``{"outputs": [[token ids] per request], "top2_gaps": [per-position
 top-1 minus top-2 log-probability, or null, per request], "spec": {"accepted",
-"drafts", "steps"} or null, "preemptions", "probes", "startup_s", "generate_s", "worker_rss_mb"}``.
+"drafts", "steps"} or null, "preemptions", "external_prefix_cache_hits" (prompt
+tokens a KV connector loaded), "probes", "startup_s", "generate_s", "worker_rss_mb"}``.
 """
 
 from __future__ import annotations
@@ -83,6 +87,15 @@ def preemptions(llm: Any) -> int:
     )
 
 
+def external_prefix_cache_hits(llm: Any) -> int:
+    """Prompt tokens whose KV a KV connector loaded (``vllm:external_prefix_cache_hits``)."""
+    return sum(
+        int(getattr(m, "value", 0))
+        for m in llm.get_metrics()
+        if getattr(m, "name", "") == "vllm:external_prefix_cache_hits"
+    )
+
+
 def top2_gaps(logprobs: Any) -> list[float] | None:
     """Per generated position, top-1 minus top-2 log-probability (needs logprobs >= 2)."""
     if not logprobs:
@@ -114,7 +127,7 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     for key, value in cpu_env(pp).items():
         os.environ.setdefault(key, value)
     os.environ.update(job.get("env") or {})
-    if job.get("probe_drafter_embedding") or job.get("phases"):
+    if job.get("probe_drafter_embedding") or job.get("probe_drafter_layers") or job.get("phases"):
         # collective_rpc with a function (testing.probes) is pickled.
         os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
     from vllm import LLM
@@ -131,6 +144,12 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     )
     if job.get("num_kv_blocks"):
         kwargs["num_gpu_blocks_override"] = job["num_kv_blocks"]  # force preemption
+    if job.get("block_size"):
+        kwargs["block_size"] = job["block_size"]
+    if job.get("kv_transfer_config"):
+        from vllm.config import KVTransferConfig
+
+        kwargs["kv_transfer_config"] = KVTransferConfig(**job["kv_transfer_config"])
     if job.get("enable_prefix_caching") is not None:
         kwargs["enable_prefix_caching"] = job["enable_prefix_caching"]
     if job.get("max_num_batched_tokens"):
@@ -157,6 +176,10 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
         from vllm_ppspec.testing.probes import drafter_embedding_digest
 
         probes["drafter_embedding_digest"] = llm.collective_rpc(drafter_embedding_digest)
+    if job.get("probe_drafter_layers"):
+        from vllm_ppspec.testing.probes import drafter_layers
+
+        probes["drafter_layers"] = llm.collective_rpc(drafter_layers)
     result = {
         "probes": probes,
         "worker_rss_mb": worker_rss_mb(),
@@ -164,6 +187,7 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
         "top2_gaps": [top2_gaps(o.outputs[0].logprobs) for o in outs],
         "spec": spec_metrics(llm) if job.get("spec") else None,
         "preemptions": preemptions(llm),
+        "external_prefix_cache_hits": external_prefix_cache_hits(llm),
         "startup_s": round(t1 - t0, 2),
         "generate_s": round(t2 - t1, 3),
     }
