@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.conftest import MODELS_DIR
+
+pytestmark = pytest.mark.e2e
 
 
 def test_bench_runs_every_configuration_and_reports_busy_acceptance_and_transport(
