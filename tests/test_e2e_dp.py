@@ -20,8 +20,8 @@ without speculative decoding under vLLM's own worker (one reference server).
 Shapes: DP=2 with ``draft_model`` (the drafter ``moe_copy`` is itself MoE, so
 the drafter's forwards run DP collectives too; sync) and ``eagle`` (a dense
 head; async); DP=2 x PP=2 with ``draft_model``, sync and async; and DP=2 x
-PP=2 with ``mtp`` (async) on a MoE hybrid target whose MTP layer is MoE too
-(last test).
+PP=2 with ``mtp``, sync and async, on a MoE hybrid target whose MTP layer is
+MoE too (last test).
 """
 
 from __future__ import annotations
@@ -297,7 +297,8 @@ def _complete_with_gaps(srv: Server, rank: int, prompt: list[int], n: int):
     return (choice.model_extra or {})["token_ids"], gaps, time.monotonic() - t0
 
 
-def test_dp2_pp2_mtp_async_with_a_moe_mtp_layer_follows_the_planted_rule(models, tmp_path):
+@pytest.mark.parametrize("async_sched", [False, True], ids=["sync", "async"])
+def test_dp2_pp2_mtp_with_a_moe_mtp_layer_follows_the_planted_rule(models, tmp_path, async_sched):
     from tests.conftest import MODELS_DIR
     from vllm_ppspec.testing.tiny_hybrid import (
         build_hybrid,
@@ -319,7 +320,7 @@ def test_dp2_pp2_mtp_async_with_a_moe_mtp_layer_follows_the_planted_rule(models,
         json.dumps({"method": "mtp", "num_speculative_tokens": K}),
         "--worker-cls",
         WORKER_QUALNAME,
-        "--async-scheduling",
+        "--async-scheduling" if async_sched else "--no-async-scheduling",
     ]
     srv = _start("dp2pp2-hybrid-mtp", args, cpu_env(2, 2), tmp_path)
     try:
