@@ -71,15 +71,19 @@ def _spec(models: dict[str, str], method: str) -> dict[str, Any]:
 
 def _start(name: str, args: list[str], env: dict[str, str], log_dir: Path) -> Server:
     srv = Server(name, args, env, log_dir)
-    try:
-        srv.wait_ready(timeout=300)
-    except Exception:
-        srv.stop()
-        raise
+    srv.wait_ready(timeout=300)  # stops the server if it fails
     return srv
 
 
-def _complete(srv: Server, rank: int | None, prompt: list[int], n: int) -> tuple[list[int], float]:
+def _request(
+    srv: Server,
+    rank: int | None,
+    prompt: list[int],
+    n: int,
+    body: dict[str, Any] | None = None,
+    **extra: Any,
+):
+    """One greedy completion (pinned to DP ``rank`` unless None): (choice, seconds)."""
     from openai import OpenAI
 
     client = OpenAI(
@@ -91,10 +95,16 @@ def _complete(srv: Server, rank: int | None, prompt: list[int], n: int) -> tuple
         prompt=prompt,
         max_tokens=n,
         temperature=0.0,
-        extra_body={"return_token_ids": True, "ignore_eos": True},
+        extra_body={"return_token_ids": True, "ignore_eos": True, **(body or {})},
         extra_headers={} if rank is None else {"X-data-parallel-rank": str(rank)},
+        **extra,
     )
-    return (resp.choices[0].model_extra or {})["token_ids"], time.monotonic() - t0
+    return resp.choices[0], time.monotonic() - t0
+
+
+def _complete(srv: Server, rank: int | None, prompt: list[int], n: int) -> tuple[list[int], float]:
+    choice, secs = _request(srv, rank, prompt, n)
+    return (choice.model_extra or {})["token_ids"], secs
 
 
 def _finished_by_engine(srv: Server) -> dict[str, float]:
@@ -270,31 +280,16 @@ HYBRID_SCENARIOS: dict[str, list[tuple[int, list[int], int]]] = {
 
 
 def _complete_with_gaps(srv: Server, rank: int, prompt: list[int], n: int):
-    from openai import OpenAI
-
-    client = OpenAI(
-        base_url=srv.base + "/v1", api_key="unused", max_retries=0, timeout=REQUEST_BOUND_S
+    """Token ids, each position's top-1/top-2 log-probability gap, seconds."""
+    # Token ids as the top-2 keys: two tokens with the same text stay distinct.
+    choice, secs = _request(
+        srv, rank, prompt, n, logprobs=2, body={"return_tokens_as_token_ids": True}
     )
-    t0 = time.monotonic()
-    resp = client.completions.create(
-        model="tiny",
-        prompt=prompt,
-        max_tokens=n,
-        temperature=0.0,
-        logprobs=2,
-        extra_body={
-            "return_token_ids": True,
-            "ignore_eos": True,
-            "return_tokens_as_token_ids": True,  # distinct keys for the top-2
-        },
-        extra_headers={"X-data-parallel-rank": str(rank)},
-    )
-    choice = resp.choices[0]
     gaps = []
     for top in choice.logprobs.top_logprobs:
         values = sorted(top.values(), reverse=True)
         gaps.append(values[0] - values[1] if len(values) > 1 else float("inf"))
-    return (choice.model_extra or {})["token_ids"], gaps, time.monotonic() - t0
+    return (choice.model_extra or {})["token_ids"], gaps, secs
 
 
 @pytest.mark.parametrize("async_sched", [False, True], ids=["sync", "async"])

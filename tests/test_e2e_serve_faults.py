@@ -43,11 +43,7 @@ def _args(models, drafter: str, *extra: str) -> list[str]:
 
 def _start(models, tmp_path: Path, name: str, drafter: str, *extra: str) -> Server:
     srv = Server(name, _args(models, drafter, *extra), cpu_env(2), tmp_path)
-    try:
-        srv.wait_ready(timeout=300)
-    except Exception:
-        srv.stop()
-        raise
+    srv.wait_ready(timeout=300)  # stops the server if it fails
     return srv
 
 

@@ -46,9 +46,11 @@ class Server:
         )
 
     def wait_ready(self, timeout: float = 600) -> float:
+        """Seconds until ``/v1/models`` answers; on failure the server is stopped, then raised."""
         t0 = time.monotonic()
         while time.monotonic() - t0 < timeout:
             if self.proc.poll() is not None:
+                self.stop()
                 raise RuntimeError(
                     f"vllm serve exited with {self.proc.returncode}; log: {self.log_path}\n"
                     + self.log_path.read_text()[-4000:]
@@ -60,6 +62,7 @@ class Server:
             except OSError:
                 pass
             time.sleep(1)
+        self.stop()
         raise TimeoutError(f"vllm serve not ready after {timeout}s; log: {self.log_path}")
 
     def metrics(self) -> dict[str, float]:
