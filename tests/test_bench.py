@@ -1,9 +1,10 @@
 """The benchmark runs end to end (tiny target, one repeat) and reports what it promises.
 
 Its figures are not asserted (they are speed); its structure is: every engine
-configuration ran, outputs equal PP=1 without spec (exit code 0), busy
-fractions and acceptance were measured inside the runner, the round-exchange
-timing was printed, and the JSON was written.
+configuration ran (with ``--method draft_model``, async scheduling too),
+outputs equal PP=1 without spec (exit code 0), busy and working fractions and
+acceptance were measured inside the runner, the round-exchange timing was
+printed, and the JSON was written.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ def test_bench_runs_every_configuration_and_reports_busy_acceptance_and_transpor
     code = bench.main(
         [
             "--target=tiny",
+            "--method=draft_model",
             "--loads=1,4",
             "--repeats=1",
             "--max-tokens=24",
@@ -38,16 +40,20 @@ def test_bench_runs_every_configuration_and_reports_busy_acceptance_and_transpor
     assert "tokens identical to PP=1 without spec: True" in out
     assert "ratios @  4: filled/one batch" in out
     assert "256 requests, k=7: one rendezvous" in out
-    data = json.loads((tmp_path / "bench-tiny-pp2.json").read_text())
+    assert "async/filled" in out
+    data = json.loads((tmp_path / "bench-tiny-pp2-draft_model.json").read_text())
     summary = data["summary"]
-    assert set(summary) == {"pp1 no spec", "pp1 spec", "no spec", "one batch", "filled"}
-    for name in ("no spec", "one batch", "filled"):
+    assert set(summary) == {"pp1 no spec", "pp1 spec", "no spec", "one batch", "filled", "async"}
+    for name in ("no spec", "one batch", "filled", "async"):
         for load in ("1", "4"):
             busy = summary[name][load]["busy_median"]
+            working = summary[name][load]["working_median"]
             assert len(busy) == 2 and all(0 < b <= 1 for b in busy), (name, load, busy)
-    for name in ("one batch", "filled"):
-        # The successor-walk prompts repeat, so ngram drafts are mostly right.
-        assert summary[name]["4"]["acceptance"] > 0.5, summary[name]
+            # The forward runs inside execute_model: working covers busy.
+            assert all(b <= w <= 1 for b, w in zip(busy, working, strict=True)), working
+    for name in ("one batch", "filled", "async"):
+        # draft_copy plants the tiny target's successor: drafts are right.
+        assert summary[name]["4"]["acceptance"] > 0.9, summary[name]
     assert summary["no spec"]["4"]["acceptance"] is None
     assert set(data["transport_us"]) == {
         "16 requests, k=3",

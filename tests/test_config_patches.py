@@ -162,6 +162,19 @@ def test_async_pp_spec_keeps_two_batches_and_vllms_scheduler(target, models):
     assert cfg.scheduler_config.scheduler_cls is None
 
 
+def test_async_pp_spec_warns_that_sync_scheduling_fills_the_pipeline(target, models, monkeypatch):
+    from vllm_ppspec import config_patches
+
+    said: list[str] = []
+    monkeypatch.setattr(config_patches, "_warn_once", said.append)
+    spec = _draft_copy(models)
+    common = dict(pipeline_parallel_size=2, worker_cls=WORKER_QUALNAME, speculative_config=spec)
+    _config(target, **common, async_scheduling=False)
+    assert config_patches.ASYNC_NOTICE not in said
+    _config(target, **common, async_scheduling=True)
+    assert config_patches.ASYNC_NOTICE in said
+
+
 def test_another_scheduler_class_is_refused_under_pp_spec(target):
     with pytest.raises(ValueError, match="remove --scheduler-cls"):
         _config(

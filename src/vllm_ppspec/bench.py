@@ -14,12 +14,22 @@ Each engine configuration runs in its own fresh offline engine, interleaved
 * ``one batch``: PP=N + ngram k=3 with one batch in flight
   (``VLLM_PPSPEC_ONE_BATCH=1``, the plugin's behaviour before the pipeline
   was filled);
-* ``filled``: PP=N + ngram k=3, PP batches in flight (the default).
+* ``filled``: PP=N + ngram k=3, PP batches in flight (the default);
+* ``async`` (``--method draft_model`` only: vLLM 0.32 refuses ngram under
+  async scheduling): PP=N + the drafter under async scheduling.
+
+``--method draft_model`` drafts with the target's first layer
+(``bench_model.build_drafter``; the tiny target's ``draft_copy``) instead of
+ngram.
 
 It prints tokens/s (min and median over repeats), the ratios, acceptance, and
 each stage's busy fraction: seconds in the target's forward on that rank over
 the phase's wall time, measured inside the runner (vLLM's workers spin while
-they wait, so CPU time says nothing). All greedy outputs must match PP=1
+they wait, so CPU time says nothing), and its working fraction: seconds inside
+``execute_model`` and ``sample_tokens`` (the forward, input preparation,
+sampling, drafting) over the wall time; the rest the stage waited for work.
+Requests generate 256 tokens by default, so that filling and draining the
+pipeline are a small part of each phase. All greedy outputs must match PP=1
 without spec. Then it times the async round exchange (transport_bench: one
 rendezvous per round, µs at 16 and 256 requests, k=3 and 7). Writes
 ``bench-<target>-pp<N>.json`` and, with matplotlib, ``.png`` to ``--out``.
@@ -84,7 +94,19 @@ def _successor_walks(succ: list[int], n: int, max_tokens: int) -> list[dict[str,
     return reqs
 
 
-def _spec(target: str) -> dict[str, Any]:
+def _spec(target: str, method: str, models_dir: Path) -> dict[str, Any]:
+    if method == "draft_model":
+        if target == "smollm2":
+            raise SystemExit("--method draft_model: use --target planted or tiny")
+        if target == "planted":
+            from vllm_ppspec.testing import bench_model
+
+            drafter = bench_model.build_drafter(models_dir)
+        else:
+            from vllm_ppspec.testing.tiny_models import build_all
+
+            drafter = build_all(models_dir)["draft_copy"]
+        return {"method": "draft_model", "model": drafter, "num_speculative_tokens": K}
     if target == "smollm2":
         from vllm_ppspec.testing.copy_prompts import NGRAM_LOOKUP
 
@@ -93,20 +115,23 @@ def _spec(target: str) -> dict[str, Any]:
 
 
 def _configs(pp: int, spec: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {
+    configs: dict[str, dict[str, Any]] = {
         "pp1 no spec": {"pp": 1, "spec": None, "worker": "stock"},
         "pp1 spec": {"pp": 1, "spec": spec, "worker": "stock"},
         "no spec": {"pp": pp, "spec": None},
         "one batch": {"pp": pp, "spec": spec, "env": {"VLLM_PPSPEC_ONE_BATCH": "1"}},
         "filled": {"pp": pp, "spec": spec},
     }
+    if spec["method"] != "ngram":  # vLLM 0.32 refuses ngram under async scheduling
+        configs["async"] = {"pp": pp, "spec": spec, "async_scheduling": True}
+    return configs
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     model, make_requests = _workload(args.target, Path(args.models_dir))
     loads = [int(x) for x in args.loads.split(",")]
     phases = [{"name": str(n), "requests": make_requests(n, args.max_tokens)} for n in loads]
-    configs = _configs(args.pp, _spec(args.target))
+    configs = _configs(args.pp, _spec(args.target, args.method, Path(args.models_dir)))
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in configs}
     for rep in range(args.repeats):
         for name, cfg in configs.items():
@@ -125,7 +150,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 raise SystemExit(f"{name} (repeat {rep}) failed:\n{res.log[-4000:]}")
             runs[name].append(res.result)
             print(f"  repeat {rep + 1}/{args.repeats}: {name} done", file=sys.stderr)
-    return {"target": args.target, "pp": args.pp, "k": K, "loads": loads, "runs": runs}
+    return {
+        "target": args.target,
+        "method": args.method,
+        "pp": args.pp,
+        "k": K,
+        "loads": loads,
+        "runs": runs,
+    }
 
 
 def summarize(data: dict[str, Any]) -> dict[str, Any]:
@@ -138,11 +170,13 @@ def summarize(data: dict[str, Any]) -> dict[str, Any]:
                 continue
             tps = [p["tokens"] / p["generate_s"] for p in per]
             busy = [statistics.median(b) for b in zip(*(p["busy"] for p in per), strict=True)]
+            working = [statistics.median(w) for w in zip(*(p["working"] for p in per), strict=True)]
             spec = [p["spec"] for p in per if p["spec"]]
             table.setdefault(name, {})[str(load)] = {
                 "tok_s_min": round(min(tps), 1),
                 "tok_s_median": round(statistics.median(tps), 1),
                 "busy_median": [round(b, 3) for b in busy],
+                "working_median": [round(w, 3) for w in working],
                 "acceptance": _acceptance(spec),
                 "outputs": per[0]["outputs"],
             }
@@ -170,16 +204,19 @@ def check_tokens(table: dict[str, Any]) -> list[str]:
 def report(data: dict[str, Any], table: dict[str, Any]) -> None:
     pp, loads = data["pp"], data["loads"]
     print(
-        f"target {data['target']}, PP={pp}, ngram k={data['k']}, sync scheduling, "
+        f"target {data['target']}, PP={pp}, {data.get('method', 'ngram')} k={data['k']}, "
+        "sync scheduling unless named async, "
         f"{len(data['runs']['filled'])} interleaved repeats; tokens/s min / median"
     )
     for name, rows in table.items():
         for load, row in rows.items():
             busy = " ".join(f"{b:.0%}" for b in row["busy_median"])
+            working = " ".join(f"{w:.0%}" for w in row["working_median"])
             acc = f"  acceptance {row['acceptance']:.0%}" if row["acceptance"] is not None else ""
             print(
                 f"  {name:>12} @{load:>3} in flight: {row['tok_s_min']:8.1f} / "
-                f"{row['tok_s_median']:8.1f} tok/s  busy per stage [{busy}]{acc}"
+                f"{row['tok_s_median']:8.1f} tok/s  busy per stage [{busy}]"
+                f" (working [{working}]){acc}"
             )
 
     def ratio(a: str, b: str, load: str) -> str:
@@ -192,6 +229,7 @@ def report(data: dict[str, Any], table: dict[str, Any]) -> None:
             f"  ratios @{load:>3}: filled/one batch {ratio('filled', 'one batch', load)}, "
             f"filled/no spec {ratio('filled', 'no spec', load)}, "
             f"one batch/no spec {ratio('one batch', 'no spec', load)}"
+            + (f", async/filled {ratio('async', 'filled', load)}" if "async" in table else "")
         )
     low = str(loads[0])
     print(
@@ -209,14 +247,15 @@ def plot(data: dict[str, Any], table: dict[str, Any], path: Path) -> bool:
     except ImportError:
         return False
     fig, ax = plt.subplots(figsize=(6, 4))
-    for name in ("no spec", "one batch", "filled"):
+    for name in ("no spec", "one batch", "filled", "async"):
         rows = table.get(name, {})
         xs = [int(x) for x in rows]
         ax.plot(xs, [rows[str(x)]["tok_s_median"] for x in xs], marker="o", label=name)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("requests in flight")
     ax.set_ylabel("tokens/s (median)")
-    ax.set_title(f"PP={data['pp']} + ngram k={data['k']}, {data['target']} target, CPU")
+    method = data.get("method", "ngram")
+    ax.set_title(f"PP={data['pp']} + {method} k={data['k']}, {data['target']} target, CPU")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -226,10 +265,11 @@ def plot(data: dict[str, Any], table: dict[str, Any], path: Path) -> bool:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--target", choices=["planted", "smollm2", "tiny"], default="planted")
+    parser.add_argument("--method", choices=["ngram", "draft_model"], default="ngram")
     parser.add_argument("--pp", type=int, default=2)
     parser.add_argument("--loads", default="1,4,16,32")
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--out", default="results")
     parser.add_argument("--models-dir", default=".cache/models")
     parser.add_argument(
@@ -254,7 +294,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"bench-{args.target}-pp{args.pp}"
+    stem = f"bench-{args.target}-pp{args.pp}" + (
+        "" if args.method == "ngram" else f"-{args.method}"
+    )
     for rows in table.values():
         for row in rows.values():
             row.pop("outputs")

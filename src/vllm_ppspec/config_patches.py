@@ -24,7 +24,8 @@ patch wraps one vLLM function and calls it unchanged unless
 * ``VllmConfig.__post_init__`` (PP + spec, sync scheduling): selects
   :class:`vllm_ppspec.scheduler.PPSpecScheduler`, which applies each batch's
   drafts when that batch's output is processed (an explicit other
-  ``--scheduler-cls`` is refused).
+  ``--scheduler-cls`` is refused). With async scheduling it warns once that
+  sync scheduling fills the pipeline (:data:`ASYNC_NOTICE`).
 * ``EngineCore.post_step``: skipped with that scheduler. It would fetch the
   latest drafts with a blocking call that waits for the batch to leave the
   pipeline; the drafts come with the batch's output instead
@@ -164,10 +165,28 @@ def uses_plugin_scheduler(vllm_config: Any) -> bool:
     return spec_pp_active(vllm_config) and not vllm_config.scheduler_config.async_scheduling
 
 
+ASYNC_NOTICE = (
+    "vllm-ppspec: async scheduling with pipeline parallelism and speculative decoding "
+    "keeps 2 batches in flight whatever the PP size, and its stages take turns (each "
+    "step waits for the previous step's round from the last stage). For throughput under "
+    "load drop --async-scheduling: sync scheduling keeps one batch per PP stage in flight "
+    "(measured on CPU at PP=2, draft_model, 16 requests in flight: async 0.76x sync). "
+    "See docs/design.md, 'Batches in flight under async scheduling'."
+)
+
+
+def _warn_once(msg: str) -> None:
+    from vllm.logger import init_logger
+
+    init_logger("vllm.ppspec").warning_once(msg)
+
+
 def _wrap_post_init(original: Any) -> Any:
     @functools.wraps(original)
     def wrapper(self: Any) -> None:
         original(self)
+        if spec_pp_active(self) and self.scheduler_config.async_scheduling:
+            _warn_once(ASYNC_NOTICE)
         if not uses_plugin_scheduler(self):
             return
         sched = self.scheduler_config

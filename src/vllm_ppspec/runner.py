@@ -168,6 +168,9 @@ class PPSpecRunnerMixin:
     # benchmark's busy fraction (vLLM's workers spin while they wait, so CPU
     # time cannot tell). Read with vllm_ppspec.testing.probes.forward_seconds.
     ppspec_forward_s: float = 0.0
+    # Seconds inside execute_model and sample_tokens (the forward included):
+    # the rest of the wall time this rank waited for work.
+    ppspec_step_s: float = 0.0
 
     def _model_forward(self, *args: Any, **kwargs: Any) -> Any:
         start = time.perf_counter()
@@ -506,6 +509,17 @@ class PPSpecRunnerMixin:
         scheduler_output: SchedulerOutput,
         intermediate_tensors: IntermediateTensors | None = None,
     ) -> Any:
+        start = time.perf_counter()
+        try:
+            return self._ppspec_execute_model(scheduler_output, intermediate_tensors)
+        finally:
+            self.ppspec_step_s += time.perf_counter() - start
+
+    def _ppspec_execute_model(
+        self,
+        scheduler_output: SchedulerOutput,
+        intermediate_tensors: IntermediateTensors | None,
+    ) -> Any:
         if not self._ppspec_active or self._ppspec_is_last:
             return super().execute_model(  # type: ignore[misc]
                 scheduler_output, intermediate_tensors
@@ -550,6 +564,13 @@ class PPSpecRunnerMixin:
         super()._pp_broadcast_prev_sampled_token_ids(sampled_token_ids)  # type: ignore[misc]
 
     def sample_tokens(self, grammar_output: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return self._ppspec_sample_tokens(grammar_output)
+        finally:
+            self.ppspec_step_s += time.perf_counter() - start
+
+    def _ppspec_sample_tokens(self, grammar_output: Any) -> Any:
         if not self._ppspec_active:
             return super().sample_tokens(grammar_output)  # type: ignore[misc]
         if not self._ppspec_rounds:

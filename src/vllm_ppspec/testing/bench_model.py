@@ -30,6 +30,7 @@ from vllm_ppspec.testing.tiny_models import (
 VERSION = "bench-target-v1"
 MARKER = ".bench_target_complete"
 NAME = "bench_target"
+DRAFTER_NAME = "bench_drafter"
 
 HIDDEN = 1024
 LAYERS = 8
@@ -88,14 +89,14 @@ def _tensors() -> dict[str, torch.Tensor]:
     return sd
 
 
-def _config() -> dict[str, Any]:
+def _config(layers: int = LAYERS) -> dict[str, Any]:
     from transformers import LlamaConfig
 
     return LlamaConfig(
         vocab_size=VOCAB_SIZE,
         hidden_size=HIDDEN,
         intermediate_size=INTERMEDIATE,
-        num_hidden_layers=LAYERS,
+        num_hidden_layers=layers,
         num_attention_heads=HEADS,
         num_key_value_heads=HEADS,
         head_dim=HEAD_DIM,
@@ -113,8 +114,27 @@ def _write(out: Path) -> None:
     _write_fixture(out, _config(), _tensors())
 
 
+def _write_drafter(out: Path) -> None:
+    """The target cut to its first layer: same embedding, norm and head."""
+    keep = {
+        k: v
+        for k, v in _tensors().items()
+        if not k.startswith("model.layers.") or k.startswith("model.layers.0.")
+    }
+    _write_fixture(out, _config(layers=1), keep)
+
+
 def build(root: str | os.PathLike[str]) -> str:
     """Build (or reuse) the benchmark target under ``root``; returns its path."""
     root_path = Path(root).resolve()
     root_path.mkdir(parents=True, exist_ok=True)
     return str(build_cached(root_path, NAME, _write, MARKER, VERSION))
+
+
+def build_drafter(root: str | os.PathLike[str]) -> str:
+    """Build (or reuse) the target's one-layer drafter (a ``draft_model`` for the
+    bench's async runs: ngram cannot run under async scheduling in vLLM 0.32).
+    Its layers are as small as the target's, so it plants the same successor."""
+    root_path = Path(root).resolve()
+    root_path.mkdir(parents=True, exist_ok=True)
+    return str(build_cached(root_path, DRAFTER_NAME, _write_drafter, MARKER, VERSION))

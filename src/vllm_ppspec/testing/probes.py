@@ -35,6 +35,11 @@ def forward_seconds(worker: Any) -> float:
     return float(getattr(worker.model_runner, "ppspec_forward_s", float("nan")))
 
 
+def step_seconds(worker: Any) -> float:
+    """Seconds this rank spent inside execute_model and sample_tokens (forward included)."""
+    return float(getattr(worker.model_runner, "ppspec_step_s", float("nan")))
+
+
 def drafter_layers(worker: Any) -> dict[str, Any] | None:
     """How the drafter on this rank numbers its layers (None without a drafter).
 

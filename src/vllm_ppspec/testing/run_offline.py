@@ -226,9 +226,10 @@ def run_phases(llm: Any, job: dict[str, Any], startup_s: float) -> dict[str, Any
 
     A warm-up generate runs the first phase's requests once, unmeasured. Per
     phase: wall time of ``generate``, each rank's seconds in the target's
-    forward (its busy fraction is that over the wall time), acceptance deltas.
+    forward (its busy fraction is that over the wall time) and inside
+    execute_model + sample_tokens (its working fraction), acceptance deltas.
     """
-    from vllm_ppspec.testing.probes import forward_seconds
+    from vllm_ppspec.testing.probes import forward_seconds, step_seconds
 
     # Warm-up, not measured: first-call compilation (ngram's numba kernel,
     # torch's CPU kernels) would otherwise land in the first phase.
@@ -238,10 +239,12 @@ def run_phases(llm: Any, job: dict[str, Any], startup_s: float) -> dict[str, Any
         prompts, params = _params(phase["requests"])
         spec0 = spec_metrics(llm) if job.get("spec") else None
         fwd0 = llm.collective_rpc(forward_seconds)
+        step0 = llm.collective_rpc(step_seconds)
         t0 = time.perf_counter()
         outs = llm.generate(prompts, params, use_tqdm=False)
         wall = time.perf_counter() - t0
         fwd1 = llm.collective_rpc(forward_seconds)
+        step1 = llm.collective_rpc(step_seconds)
         spec1 = spec_metrics(llm) if job.get("spec") else None
         phases.append(
             {
@@ -249,6 +252,7 @@ def run_phases(llm: Any, job: dict[str, Any], startup_s: float) -> dict[str, Any
                 "generate_s": round(wall, 4),
                 "tokens": sum(len(o.outputs[0].token_ids) for o in outs),
                 "busy": [round((b - a) / wall, 4) for a, b in zip(fwd0, fwd1, strict=True)],
+                "working": [round((b - a) / wall, 4) for a, b in zip(step0, step1, strict=True)],
                 "spec": _spec_delta(spec0, spec1),
                 "outputs": [list(o.outputs[0].token_ids) for o in outs],
             }
