@@ -49,8 +49,14 @@ def test_bench_runs_every_configuration_and_reports_busy_acceptance_and_transpor
             busy = summary[name][load]["busy_median"]
             working = summary[name][load]["working_median"]
             assert len(busy) == 2 and all(0 < b <= 1 for b in busy), (name, load, busy)
-            # The forward runs inside execute_model: working covers busy.
-            assert all(b <= w <= 1 for b, w in zip(busy, working, strict=True)), working
+            # The forward runs inside execute_model: working covers busy (up
+            # to a step counted across the phase's edges: phases are short).
+            assert all(b <= w + 0.03 and w <= 1.03 for b, w in zip(busy, working, strict=True)), (
+                name,
+                load,
+                busy,
+                working,
+            )
     for name in ("one batch", "filled", "async"):
         # draft_copy plants the tiny target's successor: drafts are right.
         assert summary[name]["4"]["acceptance"] > 0.9, summary[name]

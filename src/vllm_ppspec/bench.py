@@ -27,7 +27,8 @@ each stage's busy fraction: seconds in the target's forward on that rank over
 the phase's wall time, measured inside the runner (vLLM's workers spin while
 they wait, so CPU time says nothing), and its working fraction: seconds inside
 ``execute_model`` and ``sample_tokens`` (the forward, input preparation,
-sampling, drafting) over the wall time; the rest the stage waited for work.
+sampling, drafting; not the async round's collective) over the wall time; the
+rest the stage waited for work.
 Requests generate 256 tokens by default, so that filling and draining the
 pipeline are a small part of each phase. All greedy outputs must match PP=1
 without spec. Then it times the async round exchange (transport_bench: one

@@ -168,8 +168,9 @@ class PPSpecRunnerMixin:
     # benchmark's busy fraction (vLLM's workers spin while they wait, so CPU
     # time cannot tell). Read with vllm_ppspec.testing.probes.forward_seconds.
     ppspec_forward_s: float = 0.0
-    # Seconds inside execute_model and sample_tokens (the forward included):
-    # the rest of the wall time this rank waited for work.
+    # Seconds inside execute_model and sample_tokens (the forward included),
+    # less the async round's collective (waiting for the last rank): the rest
+    # of the wall time this rank waited for work.
     ppspec_step_s: float = 0.0
 
     def _model_forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -587,11 +588,13 @@ class PPSpecRunnerMixin:
                 # No sampler ran, yet the other ranks wait for a round: tell them
                 # (0 rows never matches a batch with requests) so all raise.
                 sampled = torch.empty((0, 1), dtype=torch.int32)
+            start = time.perf_counter()
             self._ppspec_channel.send(
                 self.input_batch.num_reqs,
                 sampled,
                 self._draft_token_ids,  # type: ignore[attr-defined]
             )
+            self.ppspec_step_s -= time.perf_counter() - start
             return output
 
         # Non-last ranks. Mirrors the non-last branch of
@@ -604,7 +607,9 @@ class PPSpecRunnerMixin:
         stash, self._ppspec_stash = self._ppspec_stash, None
         if self._ppspec_faults.fires("drop_stash", self._ppspec_step):
             stash = None
+        start = time.perf_counter()
         rnd = self._ppspec_channel.recv(self.input_batch.num_reqs)
+        self.ppspec_step_s -= time.perf_counter() - start
         # Raise only now, with the round consumed, so the last rank is not left
         # waiting in a collective.
         if stash is None:

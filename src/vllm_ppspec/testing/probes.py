@@ -36,7 +36,8 @@ def forward_seconds(worker: Any) -> float:
 
 
 def step_seconds(worker: Any) -> float:
-    """Seconds this rank spent inside execute_model and sample_tokens (forward included)."""
+    """Seconds this rank spent inside execute_model and sample_tokens (forward
+    included), less waits in the async round's collective."""
     return float(getattr(worker.model_runner, "ppspec_step_s", float("nan")))
 
 
