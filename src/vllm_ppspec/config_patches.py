@@ -170,7 +170,7 @@ ASYNC_NOTICE = (
     "keeps 2 batches in flight whatever the PP size, and its stages take turns (each "
     "step waits for the previous step's round from the last stage). For throughput under "
     "load drop --async-scheduling: sync scheduling keeps one batch per PP stage in flight "
-    "(measured on CPU at PP=2, draft_model, 16 requests in flight: async 0.76x sync). "
+    "(measured on CPU at PP=2, draft_model, 16 requests in flight: async 0.80x sync). "
     "See docs/design.md, 'Batches in flight under async scheduling'."
 )
 
