@@ -85,7 +85,7 @@ def test_every_copy_of_upstream_logic_is_pinned_and_names_its_upstream_function(
     for copy in (
         "runner.PPSpecRunnerMixin._ppspec_trim_optimistic_outputs",
         "runner.PPSpecRunnerMixin._ppspec_record_placeholders",
-        "runner.PPSpecRunnerMixin.sample_tokens (non-last branch)",
+        "runner.PPSpecRunnerMixin._ppspec_sample_tokens (non-last branch)",
     ):
         assert copy in pinned, copy
     for module, qualname, _, where in version_guard.MIRRORED_FUNCTIONS:

@@ -148,7 +148,7 @@ MIRRORED_FUNCTIONS: tuple[tuple[str, str, str, str], ...] = (
         "vllm.v1.worker.gpu_model_runner",
         "GPUModelRunner.sample_tokens",
         "047e6a4738dead56",
-        "runner.PPSpecRunnerMixin.sample_tokens (non-last branch)",
+        "runner.PPSpecRunnerMixin._ppspec_sample_tokens (non-last branch)",
     ),
     (
         "vllm.v1.spec_decode.llm_base_proposer",
