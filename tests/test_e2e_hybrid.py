@@ -10,7 +10,8 @@ is random (rejections).
 Oracle: the PP + MTP sequence must equal the PP=1 no-spec sequence, or first
 differ at a position where the PP=1 no-spec model's top-1/top-2 log-probability
 gap (its own logprobs on the identical prefix, i.e. teacher-forced) is within
-TOLERANCE nats. A divergence at a clear margin is a state bug and fails.
+NEAR_TIE_NATS (0.5 nats, testing.tiny_hybrid). A divergence at a clear margin
+is a state bug and fails.
 """
 
 from __future__ import annotations
@@ -19,11 +20,16 @@ import pytest
 
 from tests.conftest import MODELS_DIR
 from tests.engine_jobs import job, run_job
-from vllm_ppspec.testing.tiny_hybrid import build_hybrid, greedy_reference, reference_acceptance
+from vllm_ppspec.testing.tiny_hybrid import (
+    NEAR_TIE_NATS,
+    build_hybrid,
+    first_divergence,
+    greedy_reference,
+    reference_acceptance,
+)
 
 pytestmark = pytest.mark.e2e
 
-TOLERANCE = 0.5  # nats
 PROMPTS = [
     [444],
     [5, 6, 7, 8, 9],
@@ -72,17 +78,14 @@ def hybrid_baselines(hybrid):
 
 
 def judge(baseline: dict, outputs: list[list[int]]) -> tuple[list, list]:
-    """Return (forgiven, failures): first divergences within / beyond TOLERANCE."""
+    """Return (forgiven, failures): first divergences within / beyond NEAR_TIE_NATS."""
     forgiven, failures = [], []
     for i, (want, got) in enumerate(zip(baseline["outputs"], outputs, strict=True)):
         if got == want:
             continue
-        pos = next(
-            (j for j, (a, b) in enumerate(zip(want, got, strict=False)) if a != b),
-            min(len(want), len(got)),
-        )
+        pos = first_divergence(want, got)
         gap = baseline["top2_gaps"][i][pos] if pos < len(want) else float("inf")
-        (forgiven if gap <= TOLERANCE else failures).append((i, pos, round(gap, 3)))
+        (forgiven if gap <= NEAR_TIE_NATS else failures).append((i, pos, round(gap, 3)))
     return forgiven, failures
 
 

@@ -156,6 +156,20 @@ def greedy_reference(prompt: Sequence[int], max_tokens: int) -> list[int]:
     return out
 
 
+# bf16 near-tie bound of the hybrid oracle (nats): a run may first differ from
+# the planted rule only where the top-1/top-2 log-probability gap is this small.
+NEAR_TIE_NATS = 0.5
+
+
+def first_divergence(want: Sequence[int], got: Sequence[int]) -> int:
+    """First position where ``got`` differs from ``want`` (the shorter length if
+    one is a prefix of the other); call only when they differ."""
+    return next(
+        (j for j, (a, b) in enumerate(zip(want, got, strict=False)) if a != b),
+        min(len(want), len(got)),
+    )
+
+
 def reference_acceptance(prompt: Sequence[int], max_tokens: int, k: int) -> tuple[int, int]:
     """(accepted, drafted) tokens of one greedy request on ``hybrid_copy`` with ``k`` drafts.
 
