@@ -166,7 +166,7 @@ class PPSpecRunnerMixin:
 
     # Seconds spent in the target model's forward on this rank: the
     # benchmark's busy fraction (vLLM's workers spin while they wait, so CPU
-    # time cannot tell). Read with vllm_ppspec.testing.probes.forward_seconds.
+    # time cannot tell). Read with vllm_ppspec.testing.probes.runner_clocks.
     ppspec_forward_s: float = 0.0
     # Seconds inside execute_model and sample_tokens (the forward included),
     # less the async round's collective (waiting for the last rank): the rest

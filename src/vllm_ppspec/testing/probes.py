@@ -30,15 +30,15 @@ def checkpoint_embedding_digest(model_dir: str) -> int:
     raise FileNotFoundError(f"no model.embed_tokens.weight in {model_dir}")
 
 
-def forward_seconds(worker: Any) -> float:
-    """Seconds this rank spent in the target model's forward (runner mixin's clock)."""
-    return float(getattr(worker.model_runner, "ppspec_forward_s", float("nan")))
-
-
-def step_seconds(worker: Any) -> float:
-    """Seconds this rank spent inside execute_model and sample_tokens (forward
-    included), less waits in the async round's collective."""
-    return float(getattr(worker.model_runner, "ppspec_step_s", float("nan")))
+def runner_clocks(worker: Any) -> tuple[float, float]:
+    """This rank's runner-mixin clocks: seconds in the target model's forward,
+    and seconds inside execute_model and sample_tokens (forward included, less
+    waits in the async round's collective). NaN without the plugin's runner."""
+    runner = worker.model_runner
+    return (
+        float(getattr(runner, "ppspec_forward_s", float("nan"))),
+        float(getattr(runner, "ppspec_step_s", float("nan"))),
+    )
 
 
 def drafter_layers(worker: Any) -> dict[str, Any] | None:

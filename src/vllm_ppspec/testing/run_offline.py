@@ -229,7 +229,7 @@ def run_phases(llm: Any, job: dict[str, Any], startup_s: float) -> dict[str, Any
     forward (its busy fraction is that over the wall time) and inside
     execute_model + sample_tokens (its working fraction), acceptance deltas.
     """
-    from vllm_ppspec.testing.probes import forward_seconds, step_seconds
+    from vllm_ppspec.testing.probes import runner_clocks
 
     # Warm-up, not measured: first-call compilation (ngram's numba kernel,
     # torch's CPU kernels) would otherwise land in the first phase.
@@ -238,21 +238,21 @@ def run_phases(llm: Any, job: dict[str, Any], startup_s: float) -> dict[str, Any
     for phase in job["phases"]:
         prompts, params = _params(phase["requests"])
         spec0 = spec_metrics(llm) if job.get("spec") else None
-        fwd0 = llm.collective_rpc(forward_seconds)
-        step0 = llm.collective_rpc(step_seconds)
+        clocks0 = llm.collective_rpc(runner_clocks)
         t0 = time.perf_counter()
         outs = llm.generate(prompts, params, use_tqdm=False)
         wall = time.perf_counter() - t0
-        fwd1 = llm.collective_rpc(forward_seconds)
-        step1 = llm.collective_rpc(step_seconds)
+        clocks1 = llm.collective_rpc(runner_clocks)
+        # Per rank: (seconds in the forward, seconds working) gained in the phase.
+        gained = [(b[0] - a[0], b[1] - a[1]) for a, b in zip(clocks0, clocks1, strict=True)]
         spec1 = spec_metrics(llm) if job.get("spec") else None
         phases.append(
             {
                 "name": phase["name"],
                 "generate_s": round(wall, 4),
                 "tokens": sum(len(o.outputs[0].token_ids) for o in outs),
-                "busy": [round((b - a) / wall, 4) for a, b in zip(fwd0, fwd1, strict=True)],
-                "working": [round((b - a) / wall, 4) for a, b in zip(step0, step1, strict=True)],
+                "busy": [round(fwd / wall, 4) for fwd, _ in gained],
+                "working": [round(work / wall, 4) for _, work in gained],
                 "spec": _spec_delta(spec0, spec1),
                 "outputs": [list(o.outputs[0].token_ids) for o in outs],
             }
