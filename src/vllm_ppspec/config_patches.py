@@ -19,13 +19,18 @@ patch wraps one vLLM function and calls it unchanged unless
 * ``VllmConfig.max_concurrent_batches`` (PP + speculative decoding only):
   under sync scheduling one batch per PP stage, as vLLM does without
   speculation (1 with ``VLLM_PPSPEC_ONE_BATCH=1``, kept for comparison);
-  under async scheduling 2: vLLM's async spec-decode correction assumes the
-  scheduler lags the worker by exactly one step.
-* ``VllmConfig.__post_init__`` (PP + spec, sync scheduling): selects
-  :class:`vllm_ppspec.scheduler.PPSpecScheduler`, which applies each batch's
-  drafts when that batch's output is processed (an explicit other
-  ``--scheduler-cls`` is refused). With async scheduling it warns once that
-  sync scheduling fills the pipeline (:data:`ASYNC_NOTICE`).
+  under async scheduling PP + 1, one lane of requests per stage plus the
+  next batch of the lane whose round is on its way (2 with
+  ``VLLM_PPSPEC_ASYNC_LANES=0``, the earlier mode, kept for comparison: vLLM's
+  async spec-decode correction then assumes the scheduler lags the worker by
+  exactly one step).
+* ``VllmConfig.__post_init__`` (PP + spec): selects the plugin's scheduler,
+  :class:`vllm_ppspec.scheduler.PPSpecScheduler` under sync scheduling (it
+  applies each batch's drafts when that batch's output is processed) and
+  :class:`vllm_ppspec.lane_scheduler.PPSpecLaneScheduler` under async
+  scheduling (requests pinned to lanes); an explicit other ``--scheduler-cls``
+  is refused. With ``VLLM_PPSPEC_ASYNC_LANES=0`` it warns once that the
+  stages take turns (:data:`ASYNC_NOTICE`).
 * ``EngineCore.post_step``: skipped with that scheduler. It would fetch the
   latest drafts with a blocking call that waits for the batch to leave the
   pipeline; the drafts come with the batch's output instead
@@ -48,7 +53,11 @@ PP_ASYNC_REFUSAL = "pipeline parallelism with async scheduling"
 # Set to 1 to keep one batch in flight under PP + spec with sync scheduling
 # (the plugin's earlier behaviour; the benchmark compares against it).
 ONE_BATCH_ENV = "VLLM_PPSPEC_ONE_BATCH"
+# Set to 0 to keep two batches in flight under PP + spec with async scheduling,
+# the stages taking turns (the plugin's earlier behaviour; for comparison).
+LANES_ENV = "VLLM_PPSPEC_ASYNC_LANES"
 SCHEDULER_QUALNAME = "vllm_ppspec.scheduler.PPSpecScheduler"
+LANE_SCHEDULER_QUALNAME = "vllm_ppspec.lane_scheduler.PPSpecLaneScheduler"
 
 _PATCHED_FLAG = "_vllm_ppspec_patched"
 
@@ -155,22 +164,37 @@ def _wrap_max_concurrent_batches(original_prop: property) -> property:
 def batches_in_flight(vllm_config: Any) -> int:
     """Batches the engine keeps in flight under PP + spec with the plugin."""
     if vllm_config.scheduler_config.async_scheduling:
+        if lanes_enabled():
+            return int(vllm_config.parallel_config.pipeline_parallel_size) + 1
         return 2
     if os.environ.get(ONE_BATCH_ENV) == "1":
         return 1
     return int(vllm_config.parallel_config.pipeline_parallel_size)
 
 
+def lanes_enabled() -> bool:
+    """Async scheduling under PP + spec pins requests to lanes (unless switched off)."""
+    return os.environ.get(LANES_ENV, "1") != "0"
+
+
+def plugin_scheduler(vllm_config: Any) -> str | None:
+    """The plugin scheduler's qualified name for this config, or None for vLLM's own."""
+    if not spec_pp_active(vllm_config):
+        return None
+    if not vllm_config.scheduler_config.async_scheduling:
+        return SCHEDULER_QUALNAME
+    return LANE_SCHEDULER_QUALNAME if lanes_enabled() else None
+
+
 def uses_plugin_scheduler(vllm_config: Any) -> bool:
-    return spec_pp_active(vllm_config) and not vllm_config.scheduler_config.async_scheduling
+    return plugin_scheduler(vllm_config) == SCHEDULER_QUALNAME
 
 
 ASYNC_NOTICE = (
-    "vllm-ppspec: async scheduling with pipeline parallelism and speculative decoding "
-    "keeps 2 batches in flight whatever the PP size, and its stages take turns (each "
-    "step waits for the previous step's round from the last stage). For throughput under "
-    "load drop --async-scheduling: sync scheduling keeps one batch per PP stage in flight "
-    "(measured on CPU at PP=2, draft_model, 16 requests in flight: async 0.80x sync). "
+    f"vllm-ppspec: {LANES_ENV}=0: async scheduling with pipeline parallelism and "
+    "speculative decoding keeps 2 batches in flight whatever the PP size, and its stages "
+    "take turns (each step waits for the previous step's round from the last stage). "
+    f"Unset {LANES_ENV} to pin requests to lanes and keep PP + 1 batches in flight. "
     "See docs/design.md, 'Batches in flight under async scheduling'."
 )
 
@@ -186,21 +210,25 @@ def _wrap_post_init(original: Any) -> Any:
     def wrapper(self: Any) -> None:
         original(self)
         if spec_pp_active(self) and self.scheduler_config.async_scheduling:
-            _warn_once(ASYNC_NOTICE)
-        if not uses_plugin_scheduler(self):
+            if not lanes_enabled():
+                _warn_once(ASYNC_NOTICE)
+        qualname = plugin_scheduler(self)
+        if qualname is None:
             return
         sched = self.scheduler_config
-        if sched.scheduler_cls is None or sched.scheduler_cls == SCHEDULER_QUALNAME:
-            sched.scheduler_cls = SCHEDULER_QUALNAME
+        if sched.scheduler_cls is None or sched.scheduler_cls == qualname:
+            sched.scheduler_cls = qualname
             return
+        from vllm_ppspec.lane_scheduler import PPSpecLaneScheduler
         from vllm_ppspec.scheduler import PPSpecScheduler
 
+        base = PPSpecScheduler if qualname == SCHEDULER_QUALNAME else PPSpecLaneScheduler
         cls = sched.get_scheduler_cls()
-        if not (isinstance(cls, type) and issubclass(cls, PPSpecScheduler)):
+        if not (isinstance(cls, type) and issubclass(cls, base)):
             raise ValueError(
                 f"--scheduler-cls {sched.scheduler_cls!r} cannot run pipeline parallelism "
                 f"with speculative decoding under vllm-ppspec: remove --scheduler-cls, or "
-                f"subclass {SCHEDULER_QUALNAME}"
+                f"subclass {qualname}"
             )
 
     return wrapper

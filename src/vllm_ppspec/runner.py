@@ -57,8 +57,10 @@ forward (:mod:`vllm_ppspec.dp_agreement`).
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -91,8 +93,9 @@ from vllm_ppspec.embedding_share import (  # noqa: E402
     drafter_embedding,
     share_mode,
 )
+from vllm_ppspec.lanes import LaneBook, make_sync_shaped  # noqa: E402
 from vllm_ppspec.rank_errors import watch_pp_peers  # noqa: E402
-from vllm_ppspec.transport import Round, RoundChannel  # noqa: E402
+from vllm_ppspec.transport import PostedRound, Round, RoundChannel  # noqa: E402
 
 if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
@@ -158,7 +161,8 @@ class PPSpecRunnerMixin:
     # Class defaults: vLLM's own __init__ may reach an override before
     # _ppspec_setup runs; until then every override calls straight through.
     _ppspec_active: bool = False  # speculative decoding under PP on this runner
-    _ppspec_rounds: bool = False  # ... and async scheduling: rounds over transport
+    _ppspec_rounds: bool = False  # ... and async scheduling, two batches: rounds over transport
+    _ppspec_lanes: bool = False  # ... and async scheduling with lanes (lanes.py)
     _ppspec_counts: AcceptedCounts | None = None  # sync + hybrid: accepted counts
     _ppspec_skip_state_replay: bool = False  # test fault injection (read at set-up)
     _ppspec_faults: faults.Faults = faults.Faults()
@@ -184,6 +188,15 @@ class PPSpecRunnerMixin:
         """Called right after GPUModelRunner.__init__ (drafter already built)."""
         pp = get_pp_group()
         self._ppspec_active = bool(self.speculative_config) and pp.world_size > 1
+        self._ppspec_lanes = (
+            self._ppspec_active and self.use_async_scheduling and _lane_scheduler_selected(self)
+        )
+        if self._ppspec_lanes:
+            # Each step reaches vLLM's runner as sync scheduling would send it
+            # (lanes.py), so its sync path runs; rounds still travel from the
+            # last rank, one per step, completed PP steps later.
+            self.use_async_scheduling = False
+            self.use_async_spec_decode = False  # type: ignore[attr-defined]
         # Async scheduling: each round travels from the last rank (transport).
         # Sync scheduling: the scheduler output carries all a rank needs, so
         # stages never wait for each other and batches fill the pipeline.
@@ -208,7 +221,12 @@ class PPSpecRunnerMixin:
                 "external_launcher (torchrun) PP mode; use the default mp executor "
                 "(--distributed-executor-backend mp) or remove --speculative-config."
             )
-        if self._ppspec_rounds:
+        self._ppspec_book = LaneBook()
+        self._ppspec_lane_step = 0  # execute_model calls, the same on every rank
+        self._ppspec_lane_rows: _LaneRows | None = None  # this step's rows
+        self._ppspec_unreceived: deque[_LaneRows] = deque()  # non-last ranks
+        self._ppspec_posted: deque[tuple[int, PostedRound]] = deque()  # last rank
+        if self._ppspec_rounds or self._ppspec_lanes:
             # One all-reduce per round, of a static size (transport.py).
             self._ppspec_channel = RoundChannel(
                 pp.cpu_group,
@@ -232,7 +250,11 @@ class PPSpecRunnerMixin:
             pp.world_size,
             self.speculative_config.method,
             self.num_spec_tokens,
-            "async" if self.use_async_scheduling else "sync",
+            "async with lanes"
+            if self._ppspec_lanes
+            else "async"
+            if self.use_async_scheduling
+            else "sync",
         )
 
     def _ppspec_install_dp_agreement(self) -> None:
@@ -521,6 +543,8 @@ class PPSpecRunnerMixin:
         scheduler_output: SchedulerOutput,
         intermediate_tensors: IntermediateTensors | None,
     ) -> Any:
+        if self._ppspec_lanes:
+            self._ppspec_lane_prepare(scheduler_output)
         if not self._ppspec_active or self._ppspec_is_last:
             return super().execute_model(  # type: ignore[misc]
                 scheduler_output, intermediate_tensors
@@ -535,6 +559,8 @@ class PPSpecRunnerMixin:
         if isinstance(output, IntermediateTensors):
             if self._ppspec_rounds:
                 self._ppspec_stash = scheduler_output
+            if self._ppspec_lanes:
+                self._ppspec_lane_rows = self._ppspec_rows(scheduler_output)
             if intermediate_tensors is not None and self._ppspec_uses_eagle3_aux():
                 # A middle stage passes on the auxiliary states of the stages
                 # before it (vLLM's model only packs its own layers' states).
@@ -552,7 +578,7 @@ class PPSpecRunnerMixin:
     def _update_states_after_model_execute(
         self, output_token_ids: torch.Tensor, scheduler_output: SchedulerOutput
     ) -> None:
-        if self._ppspec_rounds and self._ppspec_is_last:
+        if (self._ppspec_rounds or self._ppspec_lanes) and self._ppspec_is_last:
             self._ppspec_round_sampled = output_token_ids
         super()._update_states_after_model_execute(  # type: ignore[misc]
             output_token_ids, scheduler_output
@@ -574,6 +600,8 @@ class PPSpecRunnerMixin:
     def _ppspec_sample_tokens(self, grammar_output: Any) -> Any:
         if not self._ppspec_active:
             return super().sample_tokens(grammar_output)  # type: ignore[misc]
+        if self._ppspec_lanes:
+            return self._ppspec_lane_sample(grammar_output)
         if not self._ppspec_rounds:
             output = super().sample_tokens(grammar_output)  # type: ignore[misc]
             if self._ppspec_is_last:
@@ -620,6 +648,98 @@ class PPSpecRunnerMixin:
             )
         self._ppspec_apply_round(rnd, stash)
         return ModelRunnerOutput.with_kv_conn_output_only(kv_connector_output)
+
+    # ------------------------------------------------------------------
+    # Async scheduling with lanes (lanes.py, lane_scheduler.py).
+    #
+    # Collectives, on every rank of the PP group, one per step that sampled
+    # (step s), in step order: the round all_reduce. The last rank posts it at
+    # the end of sample_tokens(s) without waiting and completes it at the start
+    # of execute_model(s + PP); PP rank r < last receives it at the start of
+    # execute_model(s + PP - r), when the round is due (the last stage finished
+    # step s as stage r starts step s + PP - r), or earlier if a request of its
+    # step needs it. No rank waits for a round its step does not need.
+    # ------------------------------------------------------------------
+    def _ppspec_lane_prepare(self, scheduler_output: SchedulerOutput) -> None:
+        """Every rank, before vLLM's execute_model: the step made sync-shaped."""
+        step = self._ppspec_lane_step
+        self._ppspec_lane_step += 1
+        book = self._ppspec_book
+        book.forget(scheduler_output.finished_req_ids)
+        pp = get_pp_group()
+        start = time.perf_counter()
+        if self._ppspec_is_last:
+            posted = self._ppspec_posted
+            while posted and posted[0][0] <= step - pp.world_size:
+                posted.popleft()[1].wait()
+        else:
+            due = step - (pp.world_size - pp.rank_in_group)
+            unreceived = self._ppspec_unreceived
+            while unreceived and unreceived[0].step <= due:
+                self._ppspec_receive(unreceived.popleft())
+            while unreceived and book.missing(scheduler_output, self._ppspec_prompt_len):
+                self._ppspec_receive(unreceived.popleft())
+        self.ppspec_step_s -= time.perf_counter() - start
+        make_sync_shaped(scheduler_output, book, self._ppspec_prompt_len)
+        book.scheduled(step, scheduler_output.num_scheduled_tokens)
+        self._ppspec_lane_rows = None
+        self._ppspec_lane_so = scheduler_output
+
+    def _ppspec_prompt_len(self, req_id: str) -> int:
+        return int(self.requests[req_id].num_prompt_tokens)
+
+    def _ppspec_rows(self, scheduler_output: SchedulerOutput) -> _LaneRows:
+        """This step's rows, as the round's matrices will order them."""
+        num_reqs = self.input_batch.num_reqs
+        return _LaneRows(
+            step=self._ppspec_lane_step - 1,
+            req_ids=list(self.input_batch.req_ids[:num_reqs]),
+            discard=self.discard_request_mask.np[:num_reqs].copy(),  # type: ignore[attr-defined]
+            num_drafts={
+                r: len(t) for r, t in scheduler_output.scheduled_spec_decode_tokens.items()
+            },
+        )
+
+    def _ppspec_receive(self, rows: _LaneRows) -> None:
+        rnd = self._ppspec_channel.recv(len(rows.req_ids))
+        self._ppspec_book.record(
+            rows.step, rows.req_ids, rnd.sampled, rnd.drafts, rows.discard, rows.num_drafts
+        )
+
+    def _ppspec_lane_sample(self, grammar_output: Any) -> Any:
+        if not self._ppspec_is_last:
+            output = super().sample_tokens(grammar_output)  # type: ignore[misc]
+            rows, self._ppspec_lane_rows = self._ppspec_lane_rows, None
+            if rows is None:
+                raise MissingStashError(
+                    f"PP rank {get_pp_group().rank_in_group}: sample_tokens was called "
+                    "without a step executed before it; the rounds would be misattributed."
+                )
+            self._ppspec_unreceived.append(rows)
+            return output
+        self._ppspec_round_sampled = None
+        output = super().sample_tokens(grammar_output)  # type: ignore[misc]
+        sampled = self._ppspec_round_sampled
+        self._ppspec_round_sampled = None
+        if sampled is None:
+            sampled = torch.empty((0, 1), dtype=torch.int32)  # every rank will raise
+        rows = self._ppspec_rows(self._ppspec_lane_so)
+        posted = self._ppspec_channel.post(
+            self.input_batch.num_reqs,
+            sampled,
+            self._draft_token_ids,  # type: ignore[attr-defined]
+        )
+        if posted.local is not None:
+            self._ppspec_book.record(
+                rows.step,
+                rows.req_ids,
+                posted.local.sampled,
+                posted.local.drafts,
+                rows.discard,
+                rows.num_drafts,
+            )
+        self._ppspec_posted.append((rows.step, posted))
+        return output
 
     # ------------------------------------------------------------------
     # Non-last ranks: apply the round the last rank sampled.
@@ -671,6 +791,23 @@ class PPSpecRunnerMixin:
             batch.is_token_ids[i, pos] = True
             batch.num_tokens_no_spec[i] = pos + 1
         batch.prev_req_id_to_index = prev_req_id_to_index
+
+
+@dataclass
+class _LaneRows:
+    """One step's rows: what a round's matrices mean, recorded when the step ran."""
+
+    step: int
+    req_ids: list[str]
+    discard: Any  # numpy bool [rows]: partial prefills, whose sample is dropped
+    num_drafts: dict[str, int]
+
+
+def _lane_scheduler_selected(runner: Any) -> bool:
+    from vllm_ppspec.lane_scheduler import PPSpecLaneScheduler
+
+    cls = runner.vllm_config.scheduler_config.get_scheduler_cls()
+    return isinstance(cls, type) and issubclass(cls, PPSpecLaneScheduler)
 
 
 class PPSpecGPUModelRunner(PPSpecRunnerMixin, GPUModelRunner):

@@ -24,6 +24,7 @@ batch in flight.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from vllm.logger import init_logger
@@ -68,26 +69,7 @@ class PPSpecScheduler(Scheduler):
         return scheduler_output
 
     def _schedule_without(self, held: list[Any], *args: Any, **kwargs: Any) -> Any:
-        """``Scheduler.schedule`` with ``held`` out of the running list for this call.
-
-        The request limits shrink by as many, so no extra request is admitted;
-        afterwards held requests return to their places (preempted requests
-        stay out, newly admitted ones stay at the end).
-        """
-        original = list(self.running)  # type: ignore[has-type]
-        held_ids = {id(r) for r in held}
-        self.running = [r for r in original if id(r) not in held_ids]
-        self.max_num_running_reqs -= len(held)
-        self.max_num_active_reqs -= len(held)
-        try:
-            return super().schedule(*args, **kwargs)
-        finally:
-            self.max_num_running_reqs += len(held)
-            self.max_num_active_reqs += len(held)
-            after_ids = {id(r) for r in self.running}
-            merged = [r for r in original if id(r) in after_ids or id(r) in held_ids]
-            merged_ids = {id(r) for r in merged}
-            self.running = merged + [r for r in self.running if id(r) not in merged_ids]
+        return schedule_without(self, super().schedule, held, None, *args, **kwargs)
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
         stale = {
@@ -126,3 +108,38 @@ class PPSpecScheduler(Scheduler):
     def update_draft_token_ids(self, draft_token_ids: DraftTokenIds) -> None:
         """Drafts arrive with their batch's output; the engine's post-step copy is ignored."""
         return
+
+
+def schedule_without(
+    sched: Any,
+    schedule: Callable[..., Any],
+    held: list[Any],
+    admit: int | None,
+    *args: Any,
+    **kwargs: Any,
+) -> Any:
+    """``schedule`` (vLLM's ``Scheduler.schedule``) with ``held`` out of ``sched.running``.
+
+    The request limits shrink by as many, so no extra request is admitted
+    for them; ``admit``, if given, further caps how many waiting requests this
+    call may admit. Afterwards held requests return to their places
+    (preempted requests stay out, newly admitted ones stay at the end).
+    """
+    original = list(sched.running)
+    held_ids = {id(r) for r in held}
+    sched.running = [r for r in original if id(r) not in held_ids]
+    cut = len(held)
+    if admit is not None:
+        room = sched.max_num_running_reqs - cut - len(sched.running)
+        cut += max(0, room - admit)
+    sched.max_num_running_reqs -= cut
+    sched.max_num_active_reqs -= cut
+    try:
+        return schedule(*args, **kwargs)
+    finally:
+        sched.max_num_running_reqs += cut
+        sched.max_num_active_reqs += cut
+        after_ids = {id(r) for r in sched.running}
+        merged = [r for r in original if id(r) in after_ids or id(r) in held_ids]
+        merged_ids = {id(r) for r in merged}
+        sched.running = merged + [r for r in sched.running if id(r) not in merged_ids]

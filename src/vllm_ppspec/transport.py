@@ -91,6 +91,26 @@ def _check_header(h: torch.Tensor, sender_rows_note: str, capacity: int) -> None
         )
 
 
+class PostedRound:
+    """A round the last rank posted; :meth:`wait` completes it on that rank."""
+
+    def __init__(
+        self,
+        channel: RoundChannel,
+        message: torch.Tensor,
+        work: object,
+        note: str,
+        local: Round | None,
+    ) -> None:
+        self.channel, self.message, self.work, self.note = channel, message, work, note
+        self.local = local  # what was sent (None if the sender's input was malformed)
+
+    def wait(self) -> Round:
+        self.work.wait()  # type: ignore[attr-defined]
+        _check_header(self.message[:HEADER], self.note, self.channel.capacity)
+        return self.channel._round(self.message)
+
+
 class RoundChannel:
     """The round exchange of one PP group: one ``all_reduce`` per round (module docstring).
 
@@ -117,13 +137,17 @@ class RoundChannel:
             )
         self._agreed = True
 
-    def _exchange(self, header: torch.Tensor, payload: torch.Tensor | None) -> torch.Tensor:
+    def _message(self, header: torch.Tensor, payload: torch.Tensor | None) -> torch.Tensor:
         if not self._agreed:
             self._agree_shape()
         message = torch.full((HEADER + self.capacity * self.width,), EMPTY, dtype=torch.int32)
         message[:HEADER] = header
         if payload is not None:
             message[HEADER : HEADER + payload.numel()] = payload.reshape(-1)
+        return message
+
+    def _exchange(self, header: torch.Tensor, payload: torch.Tensor | None) -> torch.Tensor:
+        message = self._message(header, payload)
         dist.all_reduce(message, op=dist.ReduceOp.MAX, group=self.group)
         return message
 
@@ -132,20 +156,22 @@ class RoundChannel:
         payload = message[HEADER : HEADER + rows * self.width].view(rows, self.width)
         return Round(payload[:, : self.k + 1], payload[:, self.k + 1 :])
 
-    def send(
+    def post(
         self,
         num_reqs: int,
         sampled: torch.Tensor,
         drafts: torch.Tensor | list[list[int]] | None,
-    ) -> Round:
-        """Last PP rank: send this round's sampled matrix and drafts.
+    ) -> PostedRound:
+        """Last PP rank: start this round's exchange without waiting for the others.
 
         ``num_reqs`` is the sender's ``input_batch.num_reqs``; a sampled tensor
-        with another row count is reported to every rank and raised.
+        with another row count is reported to every rank and raised (by
+        :meth:`PostedRound.wait` here). Rounds complete in the order posted.
         """
         rows = int(sampled.shape[0])
         note = ""
         payload = None
+        local = None
         if rows != num_reqs:
             note = (
                 f"the last PP rank sampled {rows} rows but its input batch holds "
@@ -155,14 +181,22 @@ class RoundChannel:
             # Shape checks happen before the exchange so that a bad tensor is
             # reported to every rank by the same collective.
             try:
-                matrix = pad_sampled(sampled, self.k)
-                draft_ids = draft_matrix(drafts, rows, self.k)
-                payload = torch.cat([matrix, draft_ids.to(torch.int32)], dim=1)
+                local = Round(pad_sampled(sampled, self.k), draft_matrix(drafts, rows, self.k))
+                payload = torch.cat([local.sampled, local.drafts], dim=1)
             except ValueError as e:
                 note = f"the last PP rank produced a malformed round: {e}"
-        message = self._exchange(_header(rows, self.k, bool(note)), payload)
-        _check_header(message[:HEADER], note, self.capacity)
-        return self._round(message)
+        message = self._message(_header(rows, self.k, bool(note)), payload)
+        work = dist.all_reduce(message, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
+        return PostedRound(self, message, work, note, local)
+
+    def send(
+        self,
+        num_reqs: int,
+        sampled: torch.Tensor,
+        drafts: torch.Tensor | list[list[int]] | None,
+    ) -> Round:
+        """Last PP rank: send this round and wait until every rank has it."""
+        return self.post(num_reqs, sampled, drafts).wait()
 
     def recv(self, num_reqs: int) -> Round:
         """Non-last PP rank: receive the round; ``num_reqs`` is this rank's batch size."""
