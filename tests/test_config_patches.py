@@ -149,30 +149,49 @@ def test_sync_pp_spec_fills_the_pipeline_with_the_plugin_scheduler(target, monke
     assert nospec.max_concurrent_batches == 2
 
 
-def test_async_pp_spec_keeps_two_batches_and_vllms_scheduler(target, models):
-    spec = _draft_copy(models)
+@pytest.mark.parametrize("pp", [2, 3])
+def test_async_pp_spec_keeps_pp_plus_1_batches_with_the_lane_scheduler(target, models, pp):
+    from vllm_ppspec.lane_scheduler import PPSpecLaneScheduler
+
     cfg = _config(
         target,
-        pipeline_parallel_size=2,
+        pipeline_parallel_size=pp,
         worker_cls=WORKER_QUALNAME,
-        speculative_config=spec,
+        speculative_config=_draft_copy(models),
         async_scheduling=True,
     )
-    assert cfg.max_concurrent_batches == 2
-    assert cfg.scheduler_config.scheduler_cls is None
+    assert cfg.max_concurrent_batches == pp + 1
+    assert cfg.scheduler_config.get_scheduler_cls() is PPSpecLaneScheduler
 
 
-def test_async_pp_spec_warns_that_sync_scheduling_fills_the_pipeline(target, models, monkeypatch):
+def test_async_lanes_switched_off_keep_two_batches_and_warn(target, models, monkeypatch):
     from vllm_ppspec import config_patches
 
     said: list[str] = []
     monkeypatch.setattr(config_patches, "_warn_once", said.append)
-    spec = _draft_copy(models)
-    common = dict(pipeline_parallel_size=2, worker_cls=WORKER_QUALNAME, speculative_config=spec)
+    common = dict(
+        pipeline_parallel_size=2, worker_cls=WORKER_QUALNAME, speculative_config=_draft_copy(models)
+    )
+    _config(target, **common, async_scheduling=True)
     _config(target, **common, async_scheduling=False)
     assert config_patches.ASYNC_NOTICE not in said
-    _config(target, **common, async_scheduling=True)
+    monkeypatch.setenv(config_patches.LANES_ENV, "0")
+    cfg = _config(target, **common, async_scheduling=True)
+    assert cfg.max_concurrent_batches == 2
+    assert cfg.scheduler_config.scheduler_cls is None
     assert config_patches.ASYNC_NOTICE in said
+
+
+def test_another_scheduler_class_is_refused_under_async_pp_spec(target, models):
+    with pytest.raises(ValueError, match="subclass vllm_ppspec.lane_scheduler"):
+        _config(
+            target,
+            pipeline_parallel_size=2,
+            worker_cls=WORKER_QUALNAME,
+            speculative_config=_draft_copy(models),
+            async_scheduling=True,
+            scheduler_cls="vllm.v1.core.sched.async_scheduler.AsyncScheduler",
+        )
 
 
 def test_another_scheduler_class_is_refused_under_pp_spec(target):

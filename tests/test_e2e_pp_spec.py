@@ -188,7 +188,28 @@ def test_pp2_spec_matches_pp1_without_spec(models, baseline, pp1_spec_metrics, m
     if method in ("eagle3", "draft_random", "mtp"):
         # vLLM's spec-decode counters (drafts, accepted, per position) under PP
         # equal those of vLLM's own worker at PP=1 with spec.
-        assert got == pp1_spec_metrics(method), (got, pp1_spec_metrics(method))
+        want = pp1_spec_metrics(method)
+        if mode == "async":
+            _allow_padded_first_steps(got, want)
+        assert got == want, (got, want)
+
+
+def _allow_padded_first_steps(got: dict, want: dict) -> None:
+    """Async lanes compose batches unlike PP=1: allow vLLM's padded first steps.
+
+    The lane scheduler admits each step's share of the waiting requests, so a
+    new request may open a batch without a prefill before it. vLLM then pads
+    a request whose first step computes one token (a one-token prompt) with k
+    ``-1`` drafts, for uniform spec decoding (``Scheduler.schedule``,
+    ``pad_spec_decode``): one more step of k drafts, none accepted. Acceptance
+    must still match exactly; the extra steps are removed from ``got``.
+    """
+    extra = got["steps"] - want["steps"]
+    one_token = sum(len(r["prompt_token_ids"]) == 1 for r in GREEDY_REQUESTS)
+    assert 0 <= extra <= one_token, (got, want)
+    assert got["drafts"] - want["drafts"] == K * extra, (got, want)
+    got["steps"] -= extra
+    got["drafts"] -= K * extra
 
 
 # Draft models of another width and depth than the target (hidden 128, 4

@@ -97,3 +97,62 @@ def test_held_requests_sit_out_one_schedule_call_and_return_in_place(monkeypatch
     assert seen["limits"] == (13, 13)  # no extra admission while 3 sit out
     assert (sched.max_num_running_reqs, sched.max_num_active_reqs) == (16, 16)
     assert [r.request_id for r in sched.running] == ["r0", "r2", "r3", "r4", "r5", "new"]
+
+
+def _lane_scheduler(lanes: int, lane_of: dict, waiting: int = 0, structured=()):
+    from vllm_ppspec.lane_scheduler import PPSpecLaneScheduler
+
+    sched = object.__new__(PPSpecLaneScheduler)
+    sched.ppspec_lanes = lanes
+    sched.ppspec_lane_of = dict(lane_of)
+    sched.running = [
+        SimpleNamespace(
+            request_id=r,
+            use_structured_output=r in structured,
+            num_output_placeholders=4 if r in structured else 0,
+        )
+        for r in lane_of
+    ]
+    sched.waiting = [SimpleNamespace(request_id=f"w{i}") for i in range(waiting)]
+    return sched
+
+
+def test_a_lane_step_holds_the_other_lanes_and_admits_its_share():
+    sched = _lane_scheduler(2, {"a": 0, "b": 1, "c": 0, "d": 1})
+    held, admit = sched.lane_split(0)
+    assert [r.request_id for r in held] == ["b", "d"]
+    assert admit == 0  # lane 0 has its share (2 of 4)
+    # 2 running ("a" in lane 0), 6 waiting: each lane's share is ceil(8 / 2) = 4.
+    sched = _lane_scheduler(2, {"a": 0, "b": 1}, waiting=6)
+    held, admit = sched.lane_split(0)
+    assert [r.request_id for r in held] == ["b"] and admit == 3
+    # PP=3, an empty lane: it takes a third of everything.
+    sched = _lane_scheduler(3, {"a": 0, "b": 0, "c": 1}, waiting=6)
+    held, admit = sched.lane_split(2)
+    assert len(held) == 3 and admit == 3
+
+
+def test_structured_output_requests_wait_for_their_previous_output():
+    # "s" is in lane 0 with an unprocessed round: the engine core would build
+    # its grammar bitmask without that round's tokens, so it sits out.
+    sched = _lane_scheduler(2, {"a": 0, "s": 0}, structured={"s"})
+    held, _ = sched.lane_split(0)
+    assert [r.request_id for r in held] == ["s"]
+
+
+def test_admission_cap_shrinks_the_request_limits_for_one_call(monkeypatch):
+    from vllm_ppspec.scheduler import schedule_without
+
+    seen = {}
+
+    def fake_schedule():
+        seen["limits"] = (sched.max_num_running_reqs, sched.max_num_active_reqs)
+        return "output"
+
+    sched = _running_scheduler(2, [0] * 4)
+    held = sched.running[2:]
+    # 2 run in this lane, 2 held: room for 12 more, capped at 3 admissions.
+    assert schedule_without(sched, fake_schedule, held, 3) == "output"
+    assert seen["limits"] == (5, 5)
+    assert (sched.max_num_running_reqs, sched.max_num_active_reqs) == (16, 16)
+    assert [r.request_id for r in sched.running] == ["r0", "r1", "r2", "r3"]

@@ -225,3 +225,47 @@ def test_more_rows_than_max_num_seqs_raises_everywhere():
     for r in results:
         assert r.error is None and not r.hung, r.message
         assert f"more than max_num_seqs={CAPACITY}" in r.value
+
+
+def _posted_rounds(rank: int, world: int):
+    ch = _channel()
+    one = torch.tensor([[5, -1]], dtype=torch.int32)
+    if rank == LAST:
+        ch.send(1, one, None)  # the first round also agrees the shape
+        t0 = time.perf_counter()
+        first = ch.post(1, torch.tensor([[6, -1]]), torch.tensor([[1, 2, 3]]))
+        second = ch.post(2, torch.tensor([[7, 8], [9, -1]]), torch.tensor([[1, 2, 3], [4, 5, 6]]))
+        posted_s = time.perf_counter() - t0
+        got = [first.wait().sampled.tolist(), second.wait().sampled.tolist()]
+        assert first.local is not None
+        return posted_s, first.local.sampled.tolist(), got
+    ch.recv(1)
+    time.sleep(2.0)  # the last rank posts meanwhile; it must not wait for this rank
+    return None, None, [ch.recv(1).sampled.tolist(), ch.recv(2).sampled.tolist()]
+
+
+def test_posted_rounds_do_not_wait_for_the_receivers_and_arrive_in_order():
+    results = run_ranks(_posted_rounds)
+    for r in results:
+        assert r.error is None and not r.hung, r.message
+    receiver, sender = results[0].value, results[1].value
+    posted_s, local, got = sender
+    assert posted_s < 1.0, posted_s  # the receiver only joined 2 s later
+    assert local == [[6, -1, -1, -1]]  # what the sender recorded is what it sent
+    assert receiver[2] == got == [[[6, -1, -1, -1]], [[7, 8, -1, -1], [9, -1, -1, -1]]]
+
+
+def _posted_divergence(rank: int, world: int):
+    ch = _channel()
+    if rank == LAST:
+        posted = ch.post(2, torch.tensor([[1, -1], [2, -1]]), None)
+        posted.wait()
+    else:
+        ch.recv(3)
+
+
+def test_a_posted_round_that_diverges_raises_on_both_ranks():
+    results = run_ranks(_posted_divergence)
+    for r in results:
+        assert not r.hung, r.message
+        assert r.error == "RoundDivergenceError", r.message

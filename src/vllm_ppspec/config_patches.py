@@ -20,17 +20,16 @@ patch wraps one vLLM function and calls it unchanged unless
   under sync scheduling one batch per PP stage, as vLLM does without
   speculation (1 with ``VLLM_PPSPEC_ONE_BATCH=1``, kept for comparison);
   under async scheduling PP + 1, one lane of requests per stage plus the
-  next batch of the lane whose round is on its way (2 with
-  ``VLLM_PPSPEC_ASYNC_LANES=0``, the earlier mode, kept for comparison: vLLM's
-  async spec-decode correction then assumes the scheduler lags the worker by
-  exactly one step).
+  next batch of the lane whose round is on its way (2 at DP > 1 or with
+  ``VLLM_PPSPEC_ASYNC_LANES=0``, the earlier mode: vLLM's async spec-decode
+  correction then assumes the scheduler lags the worker by exactly one step).
 * ``VllmConfig.__post_init__`` (PP + spec): selects the plugin's scheduler,
   :class:`vllm_ppspec.scheduler.PPSpecScheduler` under sync scheduling (it
   applies each batch's drafts when that batch's output is processed) and
   :class:`vllm_ppspec.lane_scheduler.PPSpecLaneScheduler` under async
   scheduling (requests pinned to lanes); an explicit other ``--scheduler-cls``
-  is refused. With ``VLLM_PPSPEC_ASYNC_LANES=0`` it warns once that the
-  stages take turns (:data:`ASYNC_NOTICE`).
+  is refused. Where lanes are off it warns once that the stages take turns
+  (:data:`ASYNC_NOTICE`).
 * ``EngineCore.post_step``: skipped with that scheduler. It would fetch the
   latest drafts with a blocking call that waits for the batch to leave the
   pipeline; the drafts come with the batch's output instead
@@ -164,7 +163,7 @@ def _wrap_max_concurrent_batches(original_prop: property) -> property:
 def batches_in_flight(vllm_config: Any) -> int:
     """Batches the engine keeps in flight under PP + spec with the plugin."""
     if vllm_config.scheduler_config.async_scheduling:
-        if lanes_enabled():
+        if lanes_enabled(vllm_config):
             return int(vllm_config.parallel_config.pipeline_parallel_size) + 1
         return 2
     if os.environ.get(ONE_BATCH_ENV) == "1":
@@ -172,8 +171,14 @@ def batches_in_flight(vllm_config: Any) -> int:
     return int(vllm_config.parallel_config.pipeline_parallel_size)
 
 
-def lanes_enabled() -> bool:
-    """Async scheduling under PP + spec pins requests to lanes (unless switched off)."""
+def lanes_enabled(vllm_config: Any) -> bool:
+    """Async scheduling under PP + spec pins requests to lanes.
+
+    Not at DP > 1 (the two-batch mode runs there; docs/design.md, "Async
+    scheduling: lanes"), nor with ``VLLM_PPSPEC_ASYNC_LANES=0``.
+    """
+    if vllm_config.parallel_config.data_parallel_size > 1:
+        return False
     return os.environ.get(LANES_ENV, "1") != "0"
 
 
@@ -183,7 +188,7 @@ def plugin_scheduler(vllm_config: Any) -> str | None:
         return None
     if not vllm_config.scheduler_config.async_scheduling:
         return SCHEDULER_QUALNAME
-    return LANE_SCHEDULER_QUALNAME if lanes_enabled() else None
+    return LANE_SCHEDULER_QUALNAME if lanes_enabled(vllm_config) else None
 
 
 def uses_plugin_scheduler(vllm_config: Any) -> bool:
@@ -191,11 +196,12 @@ def uses_plugin_scheduler(vllm_config: Any) -> bool:
 
 
 ASYNC_NOTICE = (
-    f"vllm-ppspec: {LANES_ENV}=0: async scheduling with pipeline parallelism and "
-    "speculative decoding keeps 2 batches in flight whatever the PP size, and its stages "
-    "take turns (each step waits for the previous step's round from the last stage). "
-    f"Unset {LANES_ENV} to pin requests to lanes and keep PP + 1 batches in flight. "
-    "See docs/design.md, 'Batches in flight under async scheduling'."
+    f"vllm-ppspec: async scheduling with pipeline parallelism and speculative decoding "
+    f"runs without lanes here (data parallelism, or {LANES_ENV}=0): it keeps 2 batches in "
+    "flight whatever the PP size, and its stages take turns (each step waits for the "
+    "previous step's round from the last stage). For throughput under load drop "
+    "--async-scheduling: sync scheduling keeps one batch per PP stage in flight. "
+    "See docs/design.md, 'Async scheduling: lanes'."
 )
 
 
@@ -210,7 +216,7 @@ def _wrap_post_init(original: Any) -> Any:
     def wrapper(self: Any) -> None:
         original(self)
         if spec_pp_active(self) and self.scheduler_config.async_scheduling:
-            if not lanes_enabled():
+            if not lanes_enabled(self):
                 _warn_once(ASYNC_NOTICE)
         qualname = plugin_scheduler(self)
         if qualname is None:

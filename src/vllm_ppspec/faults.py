@@ -5,11 +5,12 @@
 
 ``VLLM_PPSPEC_FAULT=<kind>@<n>`` on non-last ranks, at their n-th step (1-based):
 
-* ``drop_stash@n``: ``sample_tokens`` finds no stashed scheduler output
-  (``MissingStashError``; async scheduling, where rounds are applied);
+* ``drop_stash@n``: ``sample_tokens`` finds no stashed scheduler output or
+  step rows (``MissingStashError``; async scheduling, where rounds are
+  applied; with lanes at the first ``sample_tokens`` from step n on);
 * ``raise@n``: ``execute_model`` raises before the forward (any mode);
-* ``raise_in_round@n``: applying the round received in ``sample_tokens`` raises
-  (async scheduling).
+* ``raise_in_round@n``: applying a received round raises (async scheduling;
+  with lanes the first round of step n or later).
 
 ``VLLM_PPSPEC_FAULT=dp_disagree@n`` acts on drafter ranks instead: at DP > 1,
 DP rank 1 reports one drafter forward more than it will run at its n-th
@@ -57,3 +58,7 @@ class Faults:
 
     def fires(self, kind: str, step: int) -> bool:
         return self.kind == kind and step == self.at_step
+
+    def reached(self, kind: str, step: int) -> bool:
+        """At or past the step: for async lanes, whose rounds and samples skip empty steps."""
+        return self.kind == kind and step >= self.at_step

@@ -144,12 +144,12 @@ def make_sync_shaped(
             data.all_token_ids[req_id] = all_ids
             data.num_output_tokens[i] = len(all_ids) - num_prompt_tokens(req_id)
             data.num_computed_tokens[i] -= rejected
-        if req_id in spec:
-            # The drafts proposed after the request's latest round (the
-            # scheduler holds -1 placeholders for them).
-            drafts = rnd.drafts if rnd is not None else []
-            width = len(spec[req_id])
-            spec[req_id] = (drafts + [0] * width)[:width]
+        if req_id in spec and rnd is not None:
+            # The drafts proposed after the request's latest round, for the
+            # scheduler's -1 placeholders. Without a round (a new or resumed
+            # request) the -1 stay: vLLM's padding of a one-token step to
+            # uniform spec decoding, rejected by the sampler as under sync.
+            spec[req_id] = rnd.drafts[: len(spec[req_id])]
         # Scheduler._make_cached_request_data (vllm/v1/core/sched/scheduler.py),
         # its sync-PP branch: the tokens to compute that are not drafts.
         computed = data.num_computed_tokens[i]

@@ -702,6 +702,8 @@ class PPSpecRunnerMixin:
 
     def _ppspec_receive(self, rows: _LaneRows) -> None:
         rnd = self._ppspec_channel.recv(len(rows.req_ids))
+        if self._ppspec_faults.reached("raise_in_round", rows.step + 1):
+            raise faults.InjectedFault(f"raise_in_round@{rows.step + 1} on a non-last rank")
         self._ppspec_book.record(
             rows.step, rows.req_ids, rnd.sampled, rnd.drafts, rows.discard, rows.num_drafts
         )
@@ -710,6 +712,8 @@ class PPSpecRunnerMixin:
         if not self._ppspec_is_last:
             output = super().sample_tokens(grammar_output)  # type: ignore[misc]
             rows, self._ppspec_lane_rows = self._ppspec_lane_rows, None
+            if self._ppspec_faults.reached("drop_stash", self._ppspec_step):
+                rows = None
             if rows is None:
                 raise MissingStashError(
                     f"PP rank {get_pp_group().rank_in_group}: sample_tokens was called "

@@ -112,6 +112,10 @@ PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
     ("vllm.v1.core.sched.scheduler", "Scheduler.update_draft_token_ids"),
     ("vllm.v1.core.sched.scheduler", "Scheduler.schedule"),
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.take_draft_token_ids"),
+    # Async lanes (lane_scheduler.py): vLLM's async scheduler, subclassed, and
+    # its post-schedule bookkeeping, extended for structured-output requests.
+    ("vllm.v1.core.sched.async_scheduler", "AsyncScheduler"),
+    ("vllm.v1.core.sched.async_scheduler", "AsyncScheduler._update_after_schedule"),
 )
 
 
@@ -167,6 +171,12 @@ MIRRORED_FUNCTIONS: tuple[tuple[str, str, str, str], ...] = (
         "SpecDecodeBaseProposer._determine_batch_execution_and_padding",
         "6919756134947839",
         "dp_agreement.install (agrees at its first call in a drafter run)",
+    ),
+    (
+        "vllm.v1.core.sched.scheduler",
+        "Scheduler._make_cached_request_data",
+        "8aeb1dc3ba937dd2",
+        "lanes.make_sync_shaped (new_token_ids as its sync-PP branch builds them)",
     ),
     (
         "vllm.utils.cpu_triton_utils",
