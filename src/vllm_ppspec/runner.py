@@ -1,7 +1,8 @@
 """The runner mixin: speculative decoding under pipeline parallelism.
 
 Most of the code that touches vLLM's V1 runner internals is here; the rest is
-in :mod:`vllm_ppspec.cpu_runner` (the CPU runner's receive buffer),
+in :mod:`vllm_ppspec.lane_runner` (async lanes, mixed in here),
+:mod:`vllm_ppspec.cpu_runner` (the CPU runner's receive buffer),
 :mod:`vllm_ppspec.drafter_scope` (the drafter's PP view) and
 :mod:`vllm_ppspec.embedding_share` (the drafter's embedding decision). Every vLLM
 private name the package uses is listed in :mod:`vllm_ppspec.version_guard`. The
@@ -19,8 +20,14 @@ to its output (:mod:`vllm_ppspec.draft_delivery`); non-last ranks rebuild the
 token list of a request that re-joins the batch; every rank rebuilds hybrid
 accepted counts by request (:mod:`vllm_ppspec.accepted_counts`).
 
-Async scheduling, per speculative round (one ``execute_model`` +
-``sample_tokens`` pair):
+Async scheduling with lanes (the default; :mod:`vllm_ppspec.lanes`): the
+runner runs vLLM's sync path. Every rank makes each step sync-shaped from the
+rounds it holds by request; the last rank records and posts each round
+without waiting; the others receive it PP - r steps later (the collective
+order is set out above ``_ppspec_lane_prepare``).
+
+Async scheduling without lanes (DP > 1, or ``VLLM_PPSPEC_ASYNC_LANES=0``), per
+speculative round (one ``execute_model`` + ``sample_tokens`` pair):
 
 * last rank: vLLM samples and drafts as usual. The sampled tensor is captured
   where vLLM hands it to ``_update_states_after_model_execute``; vLLM's own
@@ -45,9 +52,10 @@ Collectives added under async scheduling, per ``sample_tokens`` call, on every
 rank of the PP group: one ``all_reduce`` carrying header, sampled matrix and
 drafts (on ``pp.cpu_group``, preceded once, at the first round, by a shape
 ``all_reduce``; see :mod:`vllm_ppspec.transport`). The last rank calls it after
-its sampler and drafter ran; the others before returning. A rank whose round
-cannot be applied raises only after it completed. Under sync scheduling none
-are added.
+its sampler and drafter ran (with lanes: posted, completed PP steps later); the
+others before returning (with lanes: at the start of a later ``execute_model``).
+A rank whose round cannot be applied raises only after it completed. Under sync
+scheduling none are added.
 
 At DP > 1 (MoE targets), per drafter run, on every rank holding a drafter:
 one ``all_gather`` on the DP group's ``cpu_group`` before the drafter's first
@@ -57,10 +65,8 @@ forward (:mod:`vllm_ppspec.dp_agreement`).
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -93,9 +99,13 @@ from vllm_ppspec.embedding_share import (  # noqa: E402
     drafter_embedding,
     share_mode,
 )
-from vllm_ppspec.lanes import LaneBook, make_sync_shaped  # noqa: E402
+from vllm_ppspec.lane_runner import (  # noqa: E402
+    LaneStepsMixin,
+    MissingStashError,
+    lane_scheduler_selected,
+)
 from vllm_ppspec.rank_errors import watch_pp_peers  # noqa: E402
-from vllm_ppspec.transport import PostedRound, Round, RoundChannel  # noqa: E402
+from vllm_ppspec.transport import Round, RoundChannel  # noqa: E402
 
 if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
@@ -103,10 +113,6 @@ if TYPE_CHECKING:
 logger = init_logger("vllm.ppspec")
 
 FAULT_SKIP_STATE_REPLAY = faults.SKIP_STATE_REPLAY  # test fault injection (faults.py)
-
-
-class MissingStashError(RuntimeError):
-    """A non-last PP rank reached sample_tokens without a stashed scheduler_output."""
 
 
 class DrafterlessSpecConfig:
@@ -146,7 +152,7 @@ def require_aux_hidden_states_over_pp(model: Any) -> None:
         ) from e
 
 
-class PPSpecRunnerMixin:
+class PPSpecRunnerMixin(LaneStepsMixin):
     """Mixin for vLLM's V1 GPUModelRunner (and its CPU subclass)."""
 
     # Provided by GPUModelRunner.
@@ -189,7 +195,7 @@ class PPSpecRunnerMixin:
         pp = get_pp_group()
         self._ppspec_active = bool(self.speculative_config) and pp.world_size > 1
         self._ppspec_lanes = (
-            self._ppspec_active and self.use_async_scheduling and _lane_scheduler_selected(self)
+            self._ppspec_active and self.use_async_scheduling and lane_scheduler_selected(self)
         )
         if self._ppspec_lanes:
             # Each step reaches vLLM's runner as sync scheduling would send it
@@ -221,11 +227,7 @@ class PPSpecRunnerMixin:
                 "external_launcher (torchrun) PP mode; use the default mp executor "
                 "(--distributed-executor-backend mp) or remove --speculative-config."
             )
-        self._ppspec_book = LaneBook()
-        self._ppspec_lane_step = 0  # execute_model calls, the same on every rank
-        self._ppspec_lane_rows: _LaneRows | None = None  # this step's rows
-        self._ppspec_unreceived: deque[_LaneRows] = deque()  # non-last ranks
-        self._ppspec_posted: deque[tuple[int, PostedRound]] = deque()  # last rank
+        self._ppspec_lane_setup()
         if self._ppspec_rounds or self._ppspec_lanes:
             # One all-reduce per round, of a static size (transport.py).
             self._ppspec_channel = RoundChannel(
@@ -650,102 +652,6 @@ class PPSpecRunnerMixin:
         return ModelRunnerOutput.with_kv_conn_output_only(kv_connector_output)
 
     # ------------------------------------------------------------------
-    # Async scheduling with lanes (lanes.py, lane_scheduler.py).
-    #
-    # Collectives, on every rank of the PP group, one per step that sampled
-    # (step s), in step order: the round all_reduce. The last rank posts it at
-    # the end of sample_tokens(s) without waiting and completes it at the start
-    # of execute_model(s + PP); PP rank r < last receives it at the start of
-    # execute_model(s + PP - r), when the round is due (the last stage finished
-    # step s as stage r starts step s + PP - r), or earlier if a request of its
-    # step needs it. No rank waits for a round its step does not need.
-    # ------------------------------------------------------------------
-    def _ppspec_lane_prepare(self, scheduler_output: SchedulerOutput) -> None:
-        """Every rank, before vLLM's execute_model: the step made sync-shaped."""
-        step = self._ppspec_lane_step
-        self._ppspec_lane_step += 1
-        book = self._ppspec_book
-        book.forget(scheduler_output.finished_req_ids)
-        pp = get_pp_group()
-        start = time.perf_counter()
-        if self._ppspec_is_last:
-            posted = self._ppspec_posted
-            while posted and posted[0][0] <= step - pp.world_size:
-                posted.popleft()[1].wait()
-        else:
-            due = step - (pp.world_size - pp.rank_in_group)
-            unreceived = self._ppspec_unreceived
-            while unreceived and unreceived[0].step <= due:
-                self._ppspec_receive(unreceived.popleft())
-            while unreceived and book.missing(scheduler_output, self._ppspec_prompt_len):
-                self._ppspec_receive(unreceived.popleft())
-        self.ppspec_step_s -= time.perf_counter() - start
-        make_sync_shaped(scheduler_output, book, self._ppspec_prompt_len)
-        book.scheduled(step, scheduler_output.num_scheduled_tokens)
-        self._ppspec_lane_rows = None
-        self._ppspec_lane_so = scheduler_output
-
-    def _ppspec_prompt_len(self, req_id: str) -> int:
-        return int(self.requests[req_id].num_prompt_tokens)
-
-    def _ppspec_rows(self, scheduler_output: SchedulerOutput) -> _LaneRows:
-        """This step's rows, as the round's matrices will order them."""
-        num_reqs = self.input_batch.num_reqs
-        return _LaneRows(
-            step=self._ppspec_lane_step - 1,
-            req_ids=list(self.input_batch.req_ids[:num_reqs]),
-            discard=self.discard_request_mask.np[:num_reqs].copy(),  # type: ignore[attr-defined]
-            num_drafts={
-                r: len(t) for r, t in scheduler_output.scheduled_spec_decode_tokens.items()
-            },
-        )
-
-    def _ppspec_receive(self, rows: _LaneRows) -> None:
-        rnd = self._ppspec_channel.recv(len(rows.req_ids))
-        if self._ppspec_faults.reached("raise_in_round", rows.step + 1):
-            raise faults.InjectedFault(f"raise_in_round@{rows.step + 1} on a non-last rank")
-        self._ppspec_book.record(
-            rows.step, rows.req_ids, rnd.sampled, rnd.drafts, rows.discard, rows.num_drafts
-        )
-
-    def _ppspec_lane_sample(self, grammar_output: Any) -> Any:
-        if not self._ppspec_is_last:
-            output = super().sample_tokens(grammar_output)  # type: ignore[misc]
-            rows, self._ppspec_lane_rows = self._ppspec_lane_rows, None
-            if self._ppspec_faults.reached("drop_stash", self._ppspec_step):
-                rows = None
-            if rows is None:
-                raise MissingStashError(
-                    f"PP rank {get_pp_group().rank_in_group}: sample_tokens was called "
-                    "without a step executed before it; the rounds would be misattributed."
-                )
-            self._ppspec_unreceived.append(rows)
-            return output
-        self._ppspec_round_sampled = None
-        output = super().sample_tokens(grammar_output)  # type: ignore[misc]
-        sampled = self._ppspec_round_sampled
-        self._ppspec_round_sampled = None
-        if sampled is None:
-            sampled = torch.empty((0, 1), dtype=torch.int32)  # every rank will raise
-        rows = self._ppspec_rows(self._ppspec_lane_so)
-        posted = self._ppspec_channel.post(
-            self.input_batch.num_reqs,
-            sampled,
-            self._draft_token_ids,  # type: ignore[attr-defined]
-        )
-        if posted.local is not None:
-            self._ppspec_book.record(
-                rows.step,
-                rows.req_ids,
-                posted.local.sampled,
-                posted.local.drafts,
-                rows.discard,
-                rows.num_drafts,
-            )
-        self._ppspec_posted.append((rows.step, posted))
-        return output
-
-    # ------------------------------------------------------------------
     # Non-last ranks: apply the round the last rank sampled.
     # ------------------------------------------------------------------
     def _ppspec_apply_round(self, rnd: Round, scheduler_output: SchedulerOutput) -> None:
@@ -795,23 +701,6 @@ class PPSpecRunnerMixin:
             batch.is_token_ids[i, pos] = True
             batch.num_tokens_no_spec[i] = pos + 1
         batch.prev_req_id_to_index = prev_req_id_to_index
-
-
-@dataclass
-class _LaneRows:
-    """One step's rows: what a round's matrices mean, recorded when the step ran."""
-
-    step: int
-    req_ids: list[str]
-    discard: Any  # numpy bool [rows]: partial prefills, whose sample is dropped
-    num_drafts: dict[str, int]
-
-
-def _lane_scheduler_selected(runner: Any) -> bool:
-    from vllm_ppspec.lane_scheduler import PPSpecLaneScheduler
-
-    cls = runner.vllm_config.scheduler_config.get_scheduler_cls()
-    return isinstance(cls, type) and issubclass(cls, PPSpecLaneScheduler)
 
 
 class PPSpecGPUModelRunner(PPSpecRunnerMixin, GPUModelRunner):
