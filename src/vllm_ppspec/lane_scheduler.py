@@ -5,8 +5,10 @@ engine keeps PP + 1 batches in flight (``config_patches.batches_in_flight``),
 and each running request is pinned to a lane, ``step mod PP``: it is
 scheduled only in its lane's steps, so its next batch is scheduled PP steps
 after its previous one, while that one's output is still unprocessed (the
-async scheduler's placeholders stand in for its tokens), and it is in at most
-one batch the workers have not run yet. Stages never wait for each other: a
+async scheduler's placeholders stand in for its tokens). A request is thus in
+at most two batches in flight, its previous one and its next, and a stage
+runs the next only once it holds the previous one's round
+(:mod:`vllm_ppspec.lane_runner`). Stages never wait for each other: a
 stage runs the other lanes' batches while the last stage samples and drafts
 a lane's batch, and the engine core's turnaround is hidden behind them.
 
