@@ -156,3 +156,19 @@ def test_admission_cap_shrinks_the_request_limits_for_one_call(monkeypatch):
     assert seen["limits"] == (5, 5)
     assert (sched.max_num_running_reqs, sched.max_num_active_reqs) == (16, 16)
     assert [r.request_id for r in sched.running] == ["r0", "r1", "r2", "r3"]
+
+
+def test_batches_in_flight_logs_each_new_maximum(caplog):
+    import logging
+
+    from vllm_ppspec.scheduler import BatchesInFlight
+
+    batches = BatchesInFlight()
+    full, empty = (SimpleNamespace(total_num_scheduled_tokens=n) for n in (4, 0))
+    with caplog.at_level(logging.INFO, logger="vllm.ppspec"):
+        for event in ("scheduled", "scheduled", "processed", "scheduled", "scheduled"):
+            getattr(batches, event)(full)
+        batches.scheduled(empty)  # an empty step is not a batch in flight
+    assert (batches.now, batches.most) == (3, 3)
+    said = [r.getMessage() for r in caplog.records if "batches in flight" in r.getMessage()]
+    assert said == [f"vllm-ppspec: {n} batches in flight" for n in (1, 2, 3)]

@@ -33,14 +33,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from vllm.logger import init_logger
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 
-from vllm_ppspec.scheduler import schedule_without
+from vllm_ppspec.scheduler import BatchesInFlight, schedule_without
 
 QUALNAME = "vllm_ppspec.lane_scheduler.PPSpecLaneScheduler"
-
-logger = init_logger("vllm.ppspec")
 
 
 class PPSpecLaneScheduler(AsyncScheduler):
@@ -49,8 +46,7 @@ class PPSpecLaneScheduler(AsyncScheduler):
         self.ppspec_lanes = int(self.vllm_config.parallel_config.pipeline_parallel_size)
         self.ppspec_steps = 0  # schedule() calls: every one reaches the workers
         self.ppspec_lane_of: dict[str, int] = {}
-        self.ppspec_in_flight = 0
-        self.ppspec_max_in_flight = 0
+        self.ppspec_batches = BatchesInFlight()
 
     def lane_split(self, lane: int) -> tuple[list[Any], int]:
         """Running requests of other lanes, and how many waiting ones this step may admit."""
@@ -75,11 +71,7 @@ class PPSpecLaneScheduler(AsyncScheduler):
         scheduler_output = schedule_without(self, super().schedule, held, admit, *args, **kwargs)
         for req_id in scheduler_output.num_scheduled_tokens:
             self.ppspec_lane_of.setdefault(req_id, lane)
-        if scheduler_output.total_num_scheduled_tokens > 0:
-            self.ppspec_in_flight += 1
-            if self.ppspec_in_flight > self.ppspec_max_in_flight:
-                self.ppspec_max_in_flight = self.ppspec_in_flight
-                logger.info("vllm-ppspec: %d batches in flight", self.ppspec_in_flight)
+        self.ppspec_batches.scheduled(scheduler_output)
         return scheduler_output
 
     def _update_after_schedule(self, scheduler_output: Any) -> None:
@@ -91,6 +83,5 @@ class PPSpecLaneScheduler(AsyncScheduler):
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
         outputs = super().update_from_output(scheduler_output, model_runner_output)
-        if scheduler_output.total_num_scheduled_tokens > 0:
-            self.ppspec_in_flight -= 1
+        self.ppspec_batches.processed(scheduler_output)
         return outputs

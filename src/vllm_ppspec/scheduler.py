@@ -39,12 +39,34 @@ QUALNAME = "vllm_ppspec.scheduler.PPSpecScheduler"
 logger = init_logger("vllm.ppspec")
 
 
+class BatchesInFlight:
+    """Batches with scheduled tokens whose output was not processed yet.
+
+    Each new maximum is logged (``vllm-ppspec: N batches in flight``), which
+    the load tests read to see the pipeline filled. Used by both plugin
+    schedulers.
+    """
+
+    def __init__(self) -> None:
+        self.now = 0
+        self.most = 0
+
+    def scheduled(self, scheduler_output: Any) -> None:
+        if scheduler_output.total_num_scheduled_tokens > 0:
+            self.now += 1
+            if self.now > self.most:
+                self.most = self.now
+                logger.info("vllm-ppspec: %d batches in flight", self.now)
+
+    def processed(self, scheduler_output: Any) -> None:
+        if scheduler_output.total_num_scheduled_tokens > 0:
+            self.now -= 1
+
+
 class PPSpecScheduler(Scheduler):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        # Batches with scheduled tokens whose output was not processed yet.
-        self.ppspec_in_flight = 0
-        self.ppspec_max_in_flight = 0
+        self.ppspec_batches = BatchesInFlight()
         self.ppspec_depth = int(self.vllm_config.max_concurrent_batches)
 
     def held_back(self) -> list[Any]:
@@ -61,11 +83,7 @@ class PPSpecScheduler(Scheduler):
             scheduler_output = self._schedule_without(held, *args, **kwargs)
         else:
             scheduler_output = super().schedule(*args, **kwargs)
-        if scheduler_output.total_num_scheduled_tokens > 0:
-            self.ppspec_in_flight += 1
-            if self.ppspec_in_flight > self.ppspec_max_in_flight:
-                self.ppspec_max_in_flight = self.ppspec_in_flight
-                logger.info("vllm-ppspec: %d batches in flight", self.ppspec_in_flight)
+        self.ppspec_batches.scheduled(scheduler_output)
         return scheduler_output
 
     def _schedule_without(self, held: list[Any], *args: Any, **kwargs: Any) -> Any:
@@ -78,8 +96,7 @@ class PPSpecScheduler(Scheduler):
             if (req := self.requests.get(req_id)) is not None and req.num_stale_output_tokens > 0
         }
         outputs = super().update_from_output(scheduler_output, model_runner_output)
-        if scheduler_output.total_num_scheduled_tokens > 0:
-            self.ppspec_in_flight -= 1
+        self.ppspec_batches.processed(scheduler_output)
         drafts = attached_drafts(model_runner_output)
         if drafts is not None:
             self._ppspec_apply_drafts(drafts, scheduler_output, stale)
