@@ -122,6 +122,22 @@ class LaneStepsMixin:
             rows.step, rows.req_ids, rnd.sampled, rnd.drafts, rows.discard, rows.num_drafts
         )
 
+    def _ppspec_sample_capturing(self, grammar_output: Any) -> tuple[Any, torch.Tensor]:
+        """Last rank: vLLM's sample_tokens, and the sampled tensor it produced.
+
+        The tensor is captured where vLLM hands it to
+        ``_update_states_after_model_execute``. If no sampler ran, the other
+        ranks still wait for a round: they get 0 rows, which never matches a
+        batch with requests, so every rank raises.
+        """
+        self._ppspec_round_sampled = None
+        output = super().sample_tokens(grammar_output)  # type: ignore[misc]
+        sampled = self._ppspec_round_sampled
+        self._ppspec_round_sampled = None
+        if sampled is None:
+            sampled = torch.empty((0, 1), dtype=torch.int32)
+        return output, sampled
+
     def _ppspec_lane_sample(self, grammar_output: Any) -> Any:
         if not self._ppspec_is_last:
             output = super().sample_tokens(grammar_output)  # type: ignore[misc]
@@ -135,12 +151,7 @@ class LaneStepsMixin:
                 )
             self._ppspec_unreceived.append(rows)
             return output
-        self._ppspec_round_sampled = None
-        output = super().sample_tokens(grammar_output)  # type: ignore[misc]
-        sampled = self._ppspec_round_sampled
-        self._ppspec_round_sampled = None
-        if sampled is None:
-            sampled = torch.empty((0, 1), dtype=torch.int32)  # every rank will raise
+        output, sampled = self._ppspec_sample_capturing(grammar_output)
         rows = self._ppspec_rows(self._ppspec_lane_so)
         posted = self._ppspec_channel.post(
             self.input_batch.num_reqs,

@@ -610,14 +610,7 @@ class PPSpecRunnerMixin(LaneStepsMixin):
                 attach_drafts(output, self.take_draft_token_ids())  # type: ignore[attr-defined]
             return output
         if self._ppspec_is_last:
-            self._ppspec_round_sampled = None
-            output = super().sample_tokens(grammar_output)  # type: ignore[misc]
-            sampled = self._ppspec_round_sampled
-            self._ppspec_round_sampled = None
-            if sampled is None:
-                # No sampler ran, yet the other ranks wait for a round: tell them
-                # (0 rows never matches a batch with requests) so all raise.
-                sampled = torch.empty((0, 1), dtype=torch.int32)
+            output, sampled = self._ppspec_sample_capturing(grammar_output)
             start = time.perf_counter()
             self._ppspec_channel.send(
                 self.input_batch.num_reqs,
