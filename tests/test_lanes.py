@@ -149,3 +149,20 @@ def test_missing_tells_a_receiver_to_take_more_rounds():
     assert not book.missing(out, PROMPT_LEN.__getitem__)
     book.forget(["a"])
     assert "a" not in book.rounds and "a" not in book.last_step
+
+
+def test_a_round_arriving_after_its_request_finished_is_not_kept():
+    # A finished request's wasted last step: its round reaches a non-last rank
+    # after the step that reported the finish forgot the request.
+    book = LaneBook()
+    book.scheduled(2, ["a", "b"])
+    book.forget(["a"])
+    book.record(
+        2,
+        ["a", "b"],
+        torch.tensor([[21, -1, -1, -1], [31, -1, -1, -1]]),
+        torch.tensor([[24, 25, 26], [32, 33, 34]]),
+        np.array([False, False]),
+        {"a": 3, "b": 3},
+    )
+    assert set(book.rounds) == {"b"}

@@ -69,12 +69,15 @@ class LaneBook:
     ) -> None:
         """Record one round: row ``i`` of ``sampled`` / ``drafts`` is ``req_ids[i]``'s.
 
-        Discarded rows (partial prefills) produced no token and are skipped.
+        Discarded rows (partial prefills) produced no token and are skipped,
+        and so are requests forgotten since the step ran: a finished request's
+        last, wasted step can reach a non-last rank after its finish did, and
+        its round would otherwise stay in the book for good.
         """
         sampled_rows = sampled.tolist()
         draft_rows = drafts.tolist()
         for i, req_id in enumerate(req_ids):
-            if discard[i]:
+            if discard[i] or req_id not in self.last_step:
                 continue
             tokens = [t for t in sampled_rows[i] if t != PAD_ID]
             self.rounds[req_id] = RequestRound(
