@@ -57,6 +57,22 @@ def test_bench_runs_every_configuration_and_reports_busy_acceptance_and_transpor
                 busy,
                 working,
             )
+        for load in ("1", "4"):
+            # Each stage's average step, split into forward, other work and
+            # waiting (ms; the edge tolerance above allows a little below 0).
+            per_step = summary[name][load]["step_ms_median"]
+            assert per_step is not None and len(per_step) == 2, (name, load, per_step)
+            assert all(f > 0 and o > -1 and w > -1 for f, o, w in per_step), (name, load, per_step)
+    assert summary["pp1 no spec"]["1"]["step_ms_median"] is None  # vLLM's own worker
+    # Steps counted by each stage at 4 in flight (24 tokens each, k=3, drafts
+    # right): one batch runs all 4 requests in each step, both stages see
+    # every step; the filled pipeline splits them into two batches, so it
+    # runs about twice as many steps.
+    one = data["runs"]["one batch"][0]["phases"][1]["steps"]
+    filled = data["runs"]["filled"][0]["phases"][1]["steps"]
+    assert one[0] == one[1] and 24 / 4 <= one[0] <= 24 + 2, one
+    assert filled[0] == filled[1] and filled[0] >= 1.5 * one[0], (filled, one)
+    assert "ms per step, forward + other work + waiting" in out
     for name in ("one batch", "filled", "async"):
         # draft_copy plants the tiny target's successor: drafts are right.
         assert summary[name]["4"]["acceptance"] > 0.9, summary[name]

@@ -28,7 +28,9 @@ the phase's wall time, measured inside the runner (vLLM's workers spin while
 they wait, so CPU time says nothing), and its working fraction: seconds inside
 ``execute_model`` and ``sample_tokens`` (the forward, input preparation,
 sampling, drafting; not the async round's collective) over the wall time; the
-rest the stage waited for work.
+rest the stage waited for work. The same split per step, in milliseconds
+(forward + other work + waiting, each stage's average step), shows what a step
+costs and how long a stage waits between steps.
 Requests generate 256 tokens by default, so that filling and draining the
 pipeline are a small part of each phase. All greedy outputs must match PP=1
 without spec. Then it times the async round exchange (transport_bench: one
@@ -173,15 +175,44 @@ def summarize(data: dict[str, Any]) -> dict[str, Any]:
             busy = [statistics.median(b) for b in zip(*(p["busy"] for p in per), strict=True)]
             working = [statistics.median(w) for w in zip(*(p["working"] for p in per), strict=True)]
             spec = [p["spec"] for p in per if p["spec"]]
+            per_step = [_per_step_ms(p) for p in per]
             table.setdefault(name, {})[str(load)] = {
                 "tok_s_min": round(min(tps), 1),
                 "tok_s_median": round(statistics.median(tps), 1),
                 "busy_median": [round(b, 3) for b in busy],
                 "working_median": [round(w, 3) for w in working],
                 "acceptance": _acceptance(spec),
+                # Per stage, ms per step: [forward, other work, waiting].
+                "step_ms_median": (
+                    None
+                    if None in per_step
+                    else [
+                        [round(statistics.median(c), 2) for c in zip(*parts, strict=True)]
+                        for parts in zip(*per_step, strict=True)
+                    ]
+                ),
                 "outputs": per[0]["outputs"],
             }
     return table
+
+
+def _per_step_ms(phase: dict[str, Any]) -> list[list[float]] | None:
+    """Each stage's average step split into forward, other work, and waiting, in ms.
+
+    From the runner's clocks: seconds in the forward, seconds working, steps;
+    waiting is the rest of the phase's wall time. None without the plugin's
+    runner (vLLM's own worker has no clocks).
+    """
+    wall = phase["generate_s"]
+    parts = []
+    for busy, working, steps in zip(
+        phase["busy"], phase["working"], phase.get("steps") or [], strict=False
+    ):
+        if not steps or steps != steps:  # no clocks (NaN) or no step ran
+            return None
+        ms = 1000 * wall / steps
+        parts.append([busy * ms, (working - busy) * ms, (1 - working) * ms])
+    return parts or None
 
 
 def _acceptance(spec: list[dict[str, int]]) -> float | None:
@@ -219,6 +250,11 @@ def report(data: dict[str, Any], table: dict[str, Any]) -> None:
                 f"{row['tok_s_median']:8.1f} tok/s  busy per stage [{busy}]"
                 f" (working [{working}]){acc}"
             )
+            if row.get("step_ms_median"):
+                stages = "  ".join(
+                    f"{f:.1f} + {o:.1f} + {w:.1f}" for f, o, w in row["step_ms_median"]
+                )
+                print(f"{'':>29}ms per step, forward + other work + waiting: {stages}")
 
     def ratio(a: str, b: str, load: str) -> str:
         if load not in table.get(a, {}) or load not in table.get(b, {}):

@@ -182,6 +182,9 @@ class PPSpecRunnerMixin(LaneStepsMixin):
     # less the async round's collective (waiting for the last rank): the rest
     # of the wall time this rank waited for work.
     ppspec_step_s: float = 0.0
+    # execute_model calls with tokens to compute: the benchmark divides the
+    # clocks by it for milliseconds per step.
+    ppspec_steps: int = 0
 
     def _model_forward(self, *args: Any, **kwargs: Any) -> Any:
         start = time.perf_counter()
@@ -535,6 +538,8 @@ class PPSpecRunnerMixin(LaneStepsMixin):
         intermediate_tensors: IntermediateTensors | None = None,
     ) -> Any:
         start = time.perf_counter()
+        if scheduler_output.total_num_scheduled_tokens > 0:
+            self.ppspec_steps += 1
         try:
             return self._ppspec_execute_model(scheduler_output, intermediate_tensors)
         finally:

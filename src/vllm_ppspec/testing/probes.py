@@ -30,14 +30,16 @@ def checkpoint_embedding_digest(model_dir: str) -> int:
     raise FileNotFoundError(f"no model.embed_tokens.weight in {model_dir}")
 
 
-def runner_clocks(worker: Any) -> tuple[float, float]:
+def runner_clocks(worker: Any) -> tuple[float, float, float]:
     """This rank's runner-mixin clocks: seconds in the target model's forward,
-    and seconds inside execute_model and sample_tokens (forward included, less
-    waits in the async round's collective). NaN without the plugin's runner."""
+    seconds inside execute_model and sample_tokens (forward included, less
+    waits in the async round's collective), and steps run (execute_model calls
+    with tokens). NaN without the plugin's runner."""
     runner = worker.model_runner
     return (
         float(getattr(runner, "ppspec_forward_s", float("nan"))),
         float(getattr(runner, "ppspec_step_s", float("nan"))),
+        float(getattr(runner, "ppspec_steps", float("nan"))),
     )
 
 

@@ -227,7 +227,8 @@ def run_phases(llm: Any, job: dict[str, Any], startup_s: float) -> dict[str, Any
     A warm-up generate runs the first phase's requests once, unmeasured. Per
     phase: wall time of ``generate``, each rank's seconds in the target's
     forward (its busy fraction is that over the wall time) and inside
-    execute_model + sample_tokens (its working fraction), acceptance deltas.
+    execute_model + sample_tokens (its working fraction), its steps, and
+    acceptance deltas.
     """
     from vllm_ppspec.testing.probes import runner_clocks
 
@@ -243,16 +244,20 @@ def run_phases(llm: Any, job: dict[str, Any], startup_s: float) -> dict[str, Any
         outs = llm.generate(prompts, params, use_tqdm=False)
         wall = time.perf_counter() - t0
         clocks1 = llm.collective_rpc(runner_clocks)
-        # Per rank: (seconds in the forward, seconds working) gained in the phase.
-        gained = [(b[0] - a[0], b[1] - a[1]) for a, b in zip(clocks0, clocks1, strict=True)]
+        # Per rank: (seconds in the forward, seconds working, steps) gained in the phase.
+        gained = [
+            tuple(y - x for x, y in zip(a, b, strict=True))
+            for a, b in zip(clocks0, clocks1, strict=True)
+        ]
         spec1 = spec_metrics(llm) if job.get("spec") else None
         phases.append(
             {
                 "name": phase["name"],
                 "generate_s": round(wall, 4),
                 "tokens": sum(len(o.outputs[0].token_ids) for o in outs),
-                "busy": [round(fwd / wall, 4) for fwd, _ in gained],
-                "working": [round(work / wall, 4) for _, work in gained],
+                "busy": [round(fwd / wall, 4) for fwd, _, _ in gained],
+                "working": [round(work / wall, 4) for _, work, _ in gained],
+                "steps": [steps for _, _, steps in gained],
                 "spec": _spec_delta(spec0, spec1),
                 "outputs": [list(o.outputs[0].token_ids) for o in outs],
             }
