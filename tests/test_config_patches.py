@@ -164,6 +164,25 @@ def test_async_pp_spec_keeps_pp_plus_1_batches_with_the_lane_scheduler(target, m
     assert cfg.scheduler_config.get_scheduler_cls() is PPSpecLaneScheduler
 
 
+def test_async_pp_spec_runs_lanes_at_dp_2_too(target, models):
+    # Lanes were off at DP > 1 until the first round stopped blocking
+    # (transport.RoundChannel.agree_shape at start-up; docs/design.md, "Lanes
+    # at DP > 1"); tests/test_e2e_dp.py's async cases run them.
+    from vllm_ppspec.lane_scheduler import PPSpecLaneScheduler
+
+    cfg = _config(
+        target,
+        pipeline_parallel_size=2,
+        data_parallel_size=2,
+        worker_cls=WORKER_QUALNAME,
+        speculative_config=_draft_copy(models),
+        async_scheduling=True,
+    )
+    assert cfg.parallel_config.data_parallel_size == 2
+    assert cfg.max_concurrent_batches == 3
+    assert cfg.scheduler_config.get_scheduler_cls() is PPSpecLaneScheduler
+
+
 def test_async_lanes_switched_off_keep_two_batches_and_warn(target, models, monkeypatch):
     from vllm_ppspec import config_patches
 

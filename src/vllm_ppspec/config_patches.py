@@ -20,7 +20,7 @@ patch wraps one vLLM function and calls it unchanged unless
   under sync scheduling one batch per PP stage, as vLLM does without
   speculation (1 with ``VLLM_PPSPEC_ONE_BATCH=1``, kept for comparison);
   under async scheduling PP + 1, one lane of requests per stage plus the
-  next batch of the lane whose round is on its way (2 at DP > 1 or with
+  next batch of the lane whose round is on its way (2 with
   ``VLLM_PPSPEC_ASYNC_LANES=0``, the earlier mode: vLLM's async spec-decode
   correction then assumes the scheduler lags the worker by exactly one step).
 * ``VllmConfig.__post_init__`` (PP + spec): selects the plugin's scheduler,
@@ -172,13 +172,8 @@ def batches_in_flight(vllm_config: Any) -> int:
 
 
 def lanes_enabled(vllm_config: Any) -> bool:
-    """Async scheduling under PP + spec pins requests to lanes.
-
-    Not at DP > 1 (the two-batch mode runs there; docs/design.md, "Async
-    scheduling: lanes"), nor with ``VLLM_PPSPEC_ASYNC_LANES=0``.
-    """
-    if vllm_config.parallel_config.data_parallel_size > 1:
-        return False
+    """Async scheduling under PP + spec pins requests to lanes, unless
+    ``VLLM_PPSPEC_ASYNC_LANES=0`` (the two-batch mode, for comparison)."""
     return os.environ.get(LANES_ENV, "1") != "0"
 
 
@@ -197,7 +192,7 @@ def uses_plugin_scheduler(vllm_config: Any) -> bool:
 
 ASYNC_NOTICE = (
     f"vllm-ppspec: async scheduling with pipeline parallelism and speculative decoding "
-    f"runs without lanes here (data parallelism, or {LANES_ENV}=0): it keeps 2 batches in "
+    f"runs without lanes ({LANES_ENV}=0): it keeps 2 batches in "
     "flight whatever the PP size, and its stages take turns (each step waits for the "
     "previous step's round from the last stage). For throughput under load drop "
     "--async-scheduling: sync scheduling keeps one batch per PP stage in flight. "

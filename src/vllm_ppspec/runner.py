@@ -26,7 +26,7 @@ rounds it holds by request; the last rank records and posts each round
 without waiting; the others receive it PP - r steps later (the collective
 order is set out above ``_ppspec_lane_prepare``).
 
-Async scheduling without lanes (DP > 1, or ``VLLM_PPSPEC_ASYNC_LANES=0``), per
+Async scheduling without lanes (``VLLM_PPSPEC_ASYNC_LANES=0``), per
 speculative round (one ``execute_model`` + ``sample_tokens`` pair):
 
 * last rank: vLLM samples and drafts as usual. The sampled tensor is captured
@@ -239,6 +239,9 @@ class PPSpecRunnerMixin(LaneStepsMixin):
                 self.max_num_reqs,  # type: ignore[attr-defined]
                 self.num_spec_tokens,
             )
+            # Every PP rank, here, in start-up order: after it, posting a round
+            # never blocks (transport.RoundChannel.agree_shape).
+            self._ppspec_channel.agree_shape()
         if self._ppspec_is_last:
             isolate_drafter(self.drafter)  # type: ignore[attr-defined]
         # Every PP rank, once, here: a dead peer ends this worker (rank_errors.py).

@@ -22,10 +22,11 @@ ranks, whether the sender found its own input inconsistent, and the round. If
 anything disagrees, every rank raises :class:`RoundDivergenceError` after that
 same collective: nobody is left waiting, and the group stays usable.
 
-The size must be equal on every rank before any round, so the first round of
-a channel is preceded by one ``all_reduce(MAX)`` of ``[capacity, -capacity,
-k, -k]`` (every rank, once): ranks built with different ``max_num_seqs`` or
-``num_speculative_tokens`` raise there, on every rank.
+The size must be equal on every rank before any round, so a channel starts
+with one blocking ``all_reduce(MAX)`` of ``[capacity, -capacity, k, -k]``
+(every rank, once: :meth:`RoundChannel.agree_shape`, which the runner calls at
+start-up; otherwise the first round does): ranks built with different
+``max_num_seqs`` or ``num_speculative_tokens`` raise there, on every rank.
 
 Why one message of static size: between hosts each collective costs a network
 round trip (vLLM #44697 reports ~25 ms of fixed cost per speculative round on
@@ -123,8 +124,15 @@ class RoundChannel:
         self.width = 2 * k + 1
         self._agreed = False
 
-    def _agree_shape(self) -> None:
-        """Once, on every rank, before the first round: equal message sizes."""
+    def agree_shape(self) -> None:
+        """Once, on every rank, before the first round: equal message sizes.
+
+        Blocking. The runner calls it at start-up, where every PP rank builds
+        its channel; left to the first round, the last rank's first
+        :meth:`post` would wait here until a receiver's first round, PP steps
+        later under lanes, and at DP > 1 the engine runs a blocking dummy batch
+        on every rank in between: a deadlock (docs/design.md, "Lanes at DP > 1").
+        """
         shape = torch.tensor([self.capacity, -self.capacity, self.k, -self.k], dtype=torch.int64)
         dist.all_reduce(shape, op=dist.ReduceOp.MAX, group=self.group)
         caps, ks = (int(shape[0]), -int(shape[1])), (int(shape[2]), -int(shape[3]))
@@ -139,7 +147,7 @@ class RoundChannel:
 
     def _message(self, header: torch.Tensor, payload: torch.Tensor | None) -> torch.Tensor:
         if not self._agreed:
-            self._agree_shape()
+            self.agree_shape()
         message = torch.full((HEADER + self.capacity * self.width,), EMPTY, dtype=torch.int32)
         message[:HEADER] = header
         if payload is not None:
