@@ -193,6 +193,12 @@ def test_dp_spec_scenarios_match_dp1_without_spec(
             timings[name] = round(max(s for _, s in outs), 1)
         log = srv.log_path.read_text()
         assert log.count("drafter runs agreed across DP") == dp, "DP agreement not installed"
+        if pp > 1:
+            # Every PP rank of every DP rank runs the plugin's path; under
+            # async scheduling that is lanes (PP + 1 batches in flight), at DP > 1 too.
+            mode = "async with lanes" if async_sched else "sync"
+            said = f"/{pp}, speculative method draft_model, k={K}, {mode} scheduling"
+            assert log.count(said) == dp * pp, f"expected {dp * pp} x {said!r}"
         metrics = srv.metrics()
         # Speculative decoding really ran (drafts were proposed and verified).
         assert metrics.get("vllm:spec_decode_num_draft_tokens_total", 0) > 0, metrics
