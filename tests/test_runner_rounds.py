@@ -302,10 +302,13 @@ def _deferred_corrections(align: bool, steps: int = 3) -> int:
     runner._ppspec_deferred = None
     runner.requests = {}
     runner.input_batch = SimpleNamespace()
-    sched = SimpleNamespace(scheduled_cached_reqs=SimpleNamespace(req_ids=[]))
+    sched = SimpleNamespace(
+        scheduled_cached_reqs=SimpleNamespace(req_ids=[]), total_num_scheduled_tokens=4
+    )
     for _ in range(steps):
         runner.execute_model(sched, None)
     assert runner._ppspec_deferred is None
+    assert runner.ppspec_steps == steps  # the bench's step count (steps with tokens)
     return runner.corrections
 
 
@@ -361,9 +364,12 @@ def test_overrides_call_straight_through_before_set_up():
         pass
 
     runner = Runner()  # no _ppspec_* instance attributes yet: the class defaults
-    sched = SimpleNamespace(scheduled_cached_reqs=SimpleNamespace(req_ids=[]))
+    sched = SimpleNamespace(
+        scheduled_cached_reqs=SimpleNamespace(req_ids=[]), total_num_scheduled_tokens=0
+    )
     assert isinstance(runner.execute_model(sched, None), IntermediateTensors)
     assert runner.corrections == 0  # vLLM's own order: not run on a non-last rank
+    assert runner.ppspec_steps == 0  # an empty step is not counted
 
 
 def test_eagle3_under_pp_refuses_a_target_without_aux_hidden_states_over_pp():
