@@ -236,18 +236,16 @@ def test_dp_disagreement_on_one_rank_stops_the_engine_within_the_bound(models, t
         # request fails as soon as one engine core dies; the other rank's
         # traceback may reach the log a moment later.
         want = {"(Worker_DP0", "(Worker_DP1"}
-        deadline = time.monotonic() + 10
-        while True:
-            log = srv.log_path.read_text()
-            raised = {
+
+        def raised(log: str) -> set[str]:
+            return {
                 line.split()[0]
                 for line in log.splitlines()
                 if "dp_agreement.DPAgreementError: vllm-ppspec: DP ranks disagree" in line
             }
-            if raised == want or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
-        assert raised == want, raised
+
+        log = srv.wait_for_log(lambda log: raised(log) == want, timeout=10)
+        assert raised(log) == want, raised(log)
         assert "numbers of drafter forwards differ" in log
         print(f"request failed after {failed_after:.1f}s")
     finally:
@@ -271,7 +269,9 @@ def test_stock_worker_still_fails_with_a_moe_model_at_dp2_on_cpu(models, tmp_pat
     try:
         with pytest.raises(openai.APIError):
             _complete(srv, 0, _prompt(9, 4), 4)
-        log = srv.log_path.read_text()
+        log = srv.wait_for_log(
+            lambda log: "NotImplementedError" in log and "all_gatherv" in log, timeout=10
+        )
         assert "NotImplementedError" in log and "all_gatherv" in log, log[-3000:]
     finally:
         srv.stop()

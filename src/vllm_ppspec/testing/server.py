@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,17 @@ class Server:
             time.sleep(1)
         self.stop()
         raise TimeoutError(f"vllm serve not ready after {timeout}s; log: {self.log_path}")
+
+    def wait_for_log(self, done: Callable[[str], bool], timeout: float) -> str:
+        """The server's log once ``done(log)`` holds, or after ``timeout`` seconds
+        (the caller asserts). Its processes write their lines independently: one
+        may reach the log after a client has already seen the event."""
+        deadline = time.monotonic() + timeout
+        while True:
+            log = self.log_path.read_text()
+            if done(log) or time.monotonic() > deadline:
+                return log
+            time.sleep(0.02)
 
     def metrics(self) -> dict[str, float]:
         """Every metric on ``/metrics``, summed over its label sets."""
