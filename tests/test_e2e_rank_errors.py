@@ -42,6 +42,7 @@ def test_error_on_a_non_last_rank_ends_the_engine(models, fault, mode, error):
             spec=spec,
             async_scheduling=(mode == "async"),
             env={"VLLM_PPSPEC_FAULT": fault},
+            engine_core="process",  # vLLM's default: the engine core in its own process
         ),
         timeout=BOUND_S,
     )

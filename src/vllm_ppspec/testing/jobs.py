@@ -1,4 +1,9 @@
-"""Run one offline vLLM engine job (``run_offline``) in a fresh process session."""
+"""Run one offline vLLM engine job (``run_offline``) in a process session of its own.
+
+The job's process is forked from the shared fork server (``forkserver``), which
+has vLLM imported already; ``PPSPEC_FORKSERVER=0`` starts a new interpreter
+per job instead.
+"""
 
 from __future__ import annotations
 
@@ -31,6 +36,20 @@ def run_job(job: dict[str, Any], timeout: float = 600) -> JobResult:
         out_path = Path(d) / "out.json"
         job_path.write_text(json.dumps(job))
         log_path = Path(d) / "log.txt"
+        log_path.touch()
+        if os.environ.get("PPSPEC_FORKSERVER", "1") != "0":
+            from vllm_ppspec.testing import forkserver
+
+            argv = ["run_offline", str(job_path), str(out_path)]
+            child = forkserver.start("vllm_ppspec.testing.run_offline", argv, str(log_path))
+            try:
+                code = child.wait(timeout=timeout)
+                note = ""
+            except subprocess.TimeoutExpired:
+                code, note = -9, f"\nTIMEOUT after {timeout}s"
+            finally:
+                child.kill()  # the whole session: the engine core and workers too
+            return _result(code, log_path, out_path, note)
         with open(log_path, "w") as log_file:
             # A new session, so that the engine core and workers vLLM spawns
             # can be killed with it, whatever state they are in.
@@ -53,9 +72,13 @@ def run_job(job: dict[str, Any], timeout: float = 600) -> JobResult:
                 code, note = -9, f"\nTIMEOUT after {timeout}s"
             finally:
                 kill_session(proc.pid)
-        log = log_path.read_text(errors="replace") + note
-        result = json.loads(out_path.read_text()) if out_path.exists() else None
-        return JobResult(code, result, log)
+        return _result(code, log_path, out_path, note)
+
+
+def _result(code: int, log_path: Path, out_path: Path, note: str) -> JobResult:
+    log = log_path.read_text(errors="replace") + note
+    result = json.loads(out_path.read_text()) if out_path.exists() else None
+    return JobResult(code, result, log)
 
 
 def kill_session(pid: int) -> None:

@@ -11,7 +11,9 @@ vLLM's default), ``async_scheduling`` (true/false/null), ``enforce_eager``,
 ``max_num_batched_tokens``, ``max_num_seqs``, ``dtype``, ``enable_prefix_caching``,
 ``num_kv_blocks`` (a small KV cache, to force preemption), ``block_size``,
 ``kv_transfer_config`` (vLLM's KVTransferConfig fields, for PD disaggregation),
-``env`` (variables to set),
+``env`` (variables to set), ``engine_core`` (``"process"``, vLLM's default: the
+engine core in a process of its own; ``"inproc"``: in the job's process, as
+with ``VLLM_ENABLE_V1_MULTIPROCESSING=0``),
 ``phases`` (benchmark mode, see :func:`run_phases`),
 ``probe_drafter_embedding`` (report each rank's drafter embedding digest),
 ``probe_drafter_layers`` (report each rank's drafter layer numbering),
@@ -127,6 +129,8 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     for key, value in cpu_env(pp).items():
         os.environ.setdefault(key, value)
     os.environ.update(job.get("env") or {})
+    if job.get("engine_core", "process") == "inproc":
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     if job.get("probe_drafter_embedding") or job.get("probe_drafter_layers") or job.get("phases"):
         # collective_rpc with a function (testing.probes) is pickled.
         os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"

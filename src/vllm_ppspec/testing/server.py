@@ -38,13 +38,22 @@ class Server:
         cmd = [str(vllm_cli), "serve", *args, "--host", "127.0.0.1", "--port", str(self.port)]
         print(f"$ {' '.join(cmd)}", flush=True)
         self.log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(
-            cmd,
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **env},
-            start_new_session=True,
-        )
+        self.proc: Any
+        if os.environ.get("PPSPEC_FORKSERVER", "1") != "0":
+            # The same command, in a child of the fork server (vLLM imported
+            # already); its engine core and workers are spawned as usual.
+            from vllm_ppspec.testing import forkserver
+
+            module = "vllm.entrypoints.cli.main"
+            self.proc = forkserver.start(module, cmd, str(self.log_path), {**os.environ, **env})
+        else:
+            self.proc = subprocess.Popen(
+                cmd,
+                stdout=self.log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **env},
+                start_new_session=True,
+            )
 
     def wait_ready(self, timeout: float = 600) -> float:
         """Seconds until ``/v1/models`` answers; on failure the server is stopped, then raised."""
