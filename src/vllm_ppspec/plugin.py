@@ -2,16 +2,31 @@
 
 from __future__ import annotations
 
+UNSUPPORTED_WARNING = (
+    "vllm-ppspec: vLLM {found} is not supported (supported: {supported}); the plugin "
+    "installs nothing, and vLLM runs as without it. Selecting the plugin's worker "
+    "(--worker-cls vllm_ppspec.worker.PPSpecWorker) fails on this version."
+)
+
 
 def register() -> None:
-    """Refuse an untested vLLM version, then install the config patches.
+    """Install the config patches on a supported vLLM; on any other, warn and do nothing.
 
     vLLM calls this in every process it starts (API server, engine core,
-    workers), possibly more than once; it is idempotent.
+    workers), possibly more than once, whatever the worker: it must never stop
+    vLLM itself. Only selecting the plugin's worker refuses an unsupported
+    version (``vllm_ppspec.worker`` checks it at import). Idempotent.
     """
-    from vllm_ppspec.version_guard import check_version
+    from vllm_ppspec.version_guard import PINNED_VLLM_VERSION, installed_vllm_version
 
-    check_version()
+    found = installed_vllm_version()
+    if found != PINNED_VLLM_VERSION:
+        from vllm.logger import init_logger
+
+        init_logger("vllm.ppspec").warning_once(
+            UNSUPPORTED_WARNING.format(found=found, supported=PINNED_VLLM_VERSION)
+        )
+        return
     from vllm_ppspec.config_patches import install
 
     install()
