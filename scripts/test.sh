@@ -3,4 +3,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-exec .venv/bin/python -m pytest -v -rA --durations=25 "$@" tests
+# --e2e-budget: see docs/testing.md ("The budget").
+exec .venv/bin/python -m pytest -v -rA --durations=0 --e2e-budget=3900 "$@" tests

@@ -1,8 +1,16 @@
-"""Shared fixtures: the tiny local models, built once and cached on disk."""
+"""Shared fixtures (the tiny local models, built once and cached on disk) and the
+e2e time budget.
+
+The budget: ``--e2e-budget SECONDS`` (scripts/test.sh passes it, so the README's
+test command and CI enforce it) fails the run when the e2e tests together take
+longer, so the next change sees the suite outgrow CI's limit before CI does.
+Without the option the e2e time is only reported. See docs/testing.md.
+"""
 
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -16,3 +24,51 @@ def models() -> dict[str, str]:
     from vllm_ppspec.testing.tiny_models import build_all
 
     return build_all(MODELS_DIR)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--e2e-budget",
+        type=float,
+        default=None,
+        help="fail the run if the e2e tests take longer than this many seconds in all",
+    )
+
+
+_E2E = {"seconds": 0.0, "tests": 0, "started": 0.0}
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    _E2E["started"] = time.monotonic()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    t0 = time.monotonic()
+    yield
+    if item.get_closest_marker("e2e") is not None:
+        _E2E["seconds"] += time.monotonic() - t0
+        _E2E["tests"] += 1
+
+
+def _over_budget(config: pytest.Config) -> float | None:
+    budget = config.getoption("--e2e-budget")
+    return budget if budget is not None and _E2E["seconds"] > budget else None
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    budget = config.getoption("--e2e-budget")
+    total = time.monotonic() - _E2E["started"]
+    line = (
+        f"E2E TIME: {_E2E['seconds']:.0f} s in {int(_E2E['tests'])} e2e tests "
+        f"(whole run {total:.0f} s); budget: "
+        + (f"{budget:.0f} s" if budget is not None else "none set (report only)")
+    )
+    if _over_budget(config) is not None:
+        line += " -- OVER BUDGET: share engine start-ups (docs/testing.md) before adding more"
+    terminalreporter.write_sep("=", line, bold=True, red=_over_budget(config) is not None)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _over_budget(session.config) is not None and exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -305,6 +305,21 @@ def _complete_with_gaps(srv: Server, rank: int, prompt: list[int], n: int):
     return (choice.model_extra or {})["token_ids"], gaps, secs
 
 
+# Known bug, found 2026-12-01 on this machine (and failing the same way at the
+# commit that landed before, 1431aa0): in the "early" scenario (DP rank 0's
+# request ends after 4 tokens, rank 1's runs on) rank 1's output leaves the
+# planted rule at position 9 at a clear margin (gap 2.56 nats), sync and async
+# alike. DP=2 x PP=1 + MTP and DP=2 x PP=2 without spec follow the rule on the
+# same requests (measured), so it is the PP + spec path at DP > 1 with a MoE
+# hybrid target while one DP rank idles. Strict: the marker must go when fixed.
+KNOWN_DP_IDLE_DIVERGENCE = pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="known bug: DP x PP + MTP on a MoE hybrid diverges when one DP rank idles",
+)
+
+
+@KNOWN_DP_IDLE_DIVERGENCE
 @pytest.mark.parametrize("async_sched", [False, True], ids=["sync", "async"])
 def test_dp2_pp2_mtp_with_a_moe_mtp_layer_follows_the_planted_rule(models, tmp_path, async_sched):
     from tests.conftest import MODELS_DIR

@@ -59,8 +59,9 @@ PROMPTS = [
 LOADED = [(len(p) - 1) // BLOCK * BLOCK for p in PROMPTS]
 COMMON = {"block_size": BLOCK, "max_num_batched_tokens": 1024}
 # ExampleConnector's log line for one request's load, with the worker's prefix
-# ("Worker" at PP=1, "Worker_PP0", "Worker_PP1" at PP=2).
-INJECTED = r"\((Worker\S*) pid=\d+\).*Inject KV cache of (\d+) tokens"
+# ("Worker_PP0", "Worker_PP1" at PP=2; at PP=1 the one worker runs inside the
+# job's process, "MainProcess", as the test jobs run the engine core there).
+INJECTED = r"\((Worker\S*|MainProcess) pid=\d+\).*Inject KV cache of (\d+) tokens"
 
 
 def _kv(role: str, path: Path) -> dict:

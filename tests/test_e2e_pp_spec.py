@@ -161,21 +161,43 @@ def pp1_spec_metrics(models):
     return get
 
 
+# The sampled-beside-greedy cases run on the eagle3 engines of CASES, after
+# their greedy requests (one start-up each instead of two).
+THEN = {"eagle3": [GREEDY_REQUESTS + SAMPLED_REQUESTS]}
+
+
+@pytest.fixture(scope="module")
+def pp2_run(models):
+    """The PP=2 + spec engine job of each CASES entry, run once (cached)."""
+    cache: dict[tuple[str, str], object] = {}
+
+    def get(method: str, mode: str):
+        if (method, mode) not in cache:
+            target, spec = _spec(models, method)
+            cache[method, mode] = run_job(
+                job(
+                    models[target],
+                    pp=2,
+                    spec=spec,
+                    async_scheduling=(mode == "async"),
+                    probe_drafter_embedding=method.startswith("draft_"),
+                    probe_drafter_layers=method.startswith("eagle"),
+                    then=THEN.get(method, []),
+                )
+            )
+        return cache[method, mode]
+
+    return get
+
+
 @pytest.mark.parametrize("method,mode", CASES)
-def test_pp2_spec_matches_pp1_without_spec(models, baseline, pp1_spec_metrics, method, mode):
+def test_pp2_spec_matches_pp1_without_spec(
+    models, baseline, pp1_spec_metrics, pp2_run, method, mode
+):
     target, spec = _spec(models, method)
     probe = method.startswith("draft_")
     eagle = method.startswith("eagle")
-    res = run_job(
-        job(
-            models[target],
-            pp=2,
-            spec=spec,
-            async_scheduling=(mode == "async"),
-            probe_drafter_embedding=probe,
-            probe_drafter_layers=eagle,
-        )
-    )
+    res = pp2_run(method, mode)
     assert res.returncode == 0, res.log[-8000:]
     assert res.outputs == baseline[target]
     _check_acceptance(method, res.result["spec"])
@@ -276,25 +298,24 @@ def test_pp3_spec_matches_pp1_without_spec(models, baseline, method, mode):
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
-def test_greedy_tokens_unchanged_beside_sampled_requests(models, baseline, mode):
+def test_greedy_tokens_unchanged_beside_sampled_requests(models, baseline, pp2_run, mode):
     """Greedy and sampled (temperature 1.0 / 0.8 with top-p and top-k) requests
     in the same speculative batches: the greedy ones keep PP=1's tokens.
 
     Before cpu_expand_fix, vLLM 0.32's CPU rejection sampler divided every
     row's logits, greedy rows included, by leftover memory whenever a batch held
-    a sampled request (measured with vLLM's own worker at PP=1 too).
+    a sampled request (measured with vLLM's own worker at PP=1 too). Runs on
+    the eagle3 engine of ``test_pp2_spec_matches_pp1_without_spec``, after its
+    greedy requests.
     """
-    target, spec = _spec(models, "eagle3")
-    requests = GREEDY_REQUESTS + SAMPLED_REQUESTS
-    res = run_job(
-        job(models[target], pp=2, spec=spec, async_scheduling=(mode == "async"), requests=requests)
-    )
+    res = pp2_run("eagle3", mode)
     assert res.returncode == 0, res.log[-8000:]
-    assert res.outputs[: len(GREEDY_REQUESTS)] == baseline[target]
-    for req, out in zip(SAMPLED_REQUESTS, res.outputs[len(GREEDY_REQUESTS) :], strict=True):
+    beside = res.result["then"][0]
+    assert beside["outputs"][: len(GREEDY_REQUESTS)] == baseline["target"]
+    for req, out in zip(SAMPLED_REQUESTS, beside["outputs"][len(GREEDY_REQUESTS) :], strict=True):
         assert len(out) == req["max_tokens"]
         assert all(0 <= t < 512 for t in out)
-    assert res.result["spec"]["drafts"] > 0
+    assert beside["spec"]["drafts"] > 0
 
 
 def test_ngram_with_async_scheduling_is_refused_clearly(models):

@@ -40,15 +40,30 @@ def real():
 
 
 @pytest.fixture(scope="module")
-def real_baseline(real):
-    res = run_job(job(real["target"], worker="stock", requests=real["requests"], **REAL))
+def stock_pp1(real, structured_requests):
+    """vLLM's own worker at PP=1 without spec: the copy prompts, then the
+    structured set, on one engine."""
+    res = run_job(
+        job(
+            real["target"],
+            worker="stock",
+            requests=real["requests"],
+            then=[structured_requests],
+            **REAL,
+        )
+    )
     assert res.returncode == 0, res.log[-6000:]
-    text = real["tokenizer"].decode(res.outputs[5])
+    return res
+
+
+@pytest.fixture(scope="module")
+def real_baseline(real, stock_pp1):
+    text = real["tokenizer"].decode(stock_pp1.outputs[5])
     assert "Paris" in text, text  # the converted weights are the real model's
-    return res.outputs
+    return stock_pp1.outputs
 
 
-def _run_pp2_spec(real, method: str, mode: str, requests):
+def _run_pp2_spec(real, method: str, mode: str, requests, then=()):
     """The real model at PP=2 + ``method`` with the plugin worker."""
     spec = spec_configs.real(method, K, real["target"], real["drafter"])
     return run_job(
@@ -58,10 +73,26 @@ def _run_pp2_spec(real, method: str, mode: str, requests):
             spec=spec,
             async_scheduling=(mode == "async"),
             requests=requests,
+            then=list(then),
             **REAL,
         ),
         timeout=900,
     )
+
+
+@pytest.fixture(scope="module")
+def pp2_run(real, structured_requests):
+    """One PP=2 + spec engine per (method, mode): the copy prompts, then (for
+    the STRUCTURED_CASES) the structured set. Cached."""
+    cache: dict[tuple[str, str], object] = {}
+
+    def get(method: str, mode: str):
+        if (method, mode) not in cache:
+            then = [structured_requests] if (method, mode) in STRUCTURED_CASES else []
+            cache[method, mode] = _run_pp2_spec(real, method, mode, real["requests"], then)
+        return cache[method, mode]
+
+    return get
 
 
 # No ngram-async: vLLM 0.32 itself refuses async scheduling with the (CPU) ngram
@@ -70,8 +101,8 @@ CASES = [("ngram", "sync"), ("draft_model", "sync"), ("draft_model", "async")]
 
 
 @pytest.mark.parametrize("method,mode", CASES)
-def test_real_model_pp2_spec_matches_pp1_without_spec(real, real_baseline, method, mode):
-    res = _run_pp2_spec(real, method, mode, real["requests"])
+def test_real_model_pp2_spec_matches_pp1_without_spec(real_baseline, pp2_run, method, mode):
+    res = pp2_run(method, mode)
     assert res.returncode == 0, res.log[-8000:]
     differ = [i for i, (a, b) in enumerate(zip(res.outputs, real_baseline, strict=True)) if a != b]
     assert not differ, f"requests differing from PP=1 without spec: {differ}"
@@ -131,25 +162,29 @@ def structured_requests(real):
 
 
 @pytest.fixture(scope="module")
-def structured_baseline(real, structured_requests):
-    res = run_job(job(real["target"], worker="stock", requests=structured_requests, **REAL))
-    assert res.returncode == 0, res.log[-6000:]
-    return res.outputs
+def structured_baseline(stock_pp1):
+    return stock_pp1.result["then"][0]["outputs"]
 
 
-@pytest.mark.parametrize("method,mode", [("ngram", "sync"), ("draft_model", "async")])
+STRUCTURED_CASES = [("ngram", "sync"), ("draft_model", "async")]
+
+
+@pytest.mark.parametrize("method,mode", STRUCTURED_CASES)
 def test_structured_outputs_under_pp_spec_match_grammar_and_pp1(
-    real, structured_requests, structured_baseline, method, mode
+    real, structured_requests, structured_baseline, pp2_run, method, mode
 ):
-    res = _run_pp2_spec(real, method, mode, structured_requests)
+    """Runs on the engine of ``test_real_model_pp2_spec_matches_pp1_without_spec``
+    for the same (method, mode), after its copy prompts."""
+    res = pp2_run(method, mode)
     assert res.returncode == 0, res.log[-8000:]
     assert "grammar rejected" not in res.log and "Failed to advance FSM" not in res.log
+    structured = res.result["then"][0]
     tok = real["tokenizer"]
-    for req, out in zip(structured_requests, res.outputs, strict=True):
+    for req, out in zip(structured_requests, structured["outputs"], strict=True):
         if "structured" in req:
             text = tok.decode(out, skip_special_tokens=True)
             assert _matches(text, req["structured"]), (req["structured"], text)
     greedy = [i for i, r in enumerate(structured_requests) if not r.get("temperature")]
-    differ = [i for i in greedy if res.outputs[i] != structured_baseline[i]]
+    differ = [i for i in greedy if structured["outputs"][i] != structured_baseline[i]]
     assert not differ, f"requests differing from PP=1 without spec: {differ}"
-    assert res.result["spec"]["drafts"] > 0
+    assert structured["spec"]["drafts"] > 0

@@ -17,6 +17,9 @@ with ``VLLM_ENABLE_V1_MULTIPROCESSING=0``),
 ``phases`` (benchmark mode, see :func:`run_phases`),
 ``probe_drafter_embedding`` (report each rank's drafter embedding digest),
 ``probe_drafter_layers`` (report each rank's drafter layer numbering),
+``then``: more request lists, generated one after another on the same engine
+after ``requests`` (cases that share an engine configuration share one
+start-up; each list gets its own outputs and counter deltas in ``"then"``),
 ``requests``: a list of ``{"prompt_token_ids": [...], "max_tokens": n,
 "temperature": t, "top_p": p, "top_k": k, "seed": s, "logprobs": n,
 "structured": {"regex": ...} or {"json": schema}}`` (EOS is ignored except for
@@ -25,7 +28,10 @@ structured requests, whose grammar ends on it).
 Output: ``{"outputs": [[token ids] per request], "top2_gaps": [per-position
 top-1 minus top-2 log-probability, or null, per request], "spec": {"accepted",
 "drafts", "steps"} or null, "preemptions", "external_prefix_cache_hits" (prompt
-tokens a KV connector loaded), "probes", "startup_s", "generate_s", "worker_rss_mb"}``.
+tokens a KV connector loaded), "probes", "startup_s", "generate_s", "worker_rss_mb",
+"then": [{"outputs", "top2_gaps", "spec", "preemptions"} per extra list, the
+counters counted over that list only]}``. The top-level counters count
+``requests`` only.
 """
 
 from __future__ import annotations
@@ -184,17 +190,34 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
         from vllm_ppspec.testing.probes import drafter_layers
 
         probes["drafter_layers"] = llm.collective_rpc(drafter_layers)
-    result = {
+    spec = spec_metrics(llm) if job.get("spec") else None
+    preempted = preemptions(llm)
+    then: list[dict[str, Any]] = []
+    result: dict[str, Any] = {
         "probes": probes,
         "worker_rss_mb": worker_rss_mb(),
         "outputs": [list(o.outputs[0].token_ids) for o in outs],
         "top2_gaps": [top2_gaps(o.outputs[0].logprobs) for o in outs],
-        "spec": spec_metrics(llm) if job.get("spec") else None,
-        "preemptions": preemptions(llm),
+        "spec": spec,
+        "preemptions": preempted,
         "external_prefix_cache_hits": external_prefix_cache_hits(llm),
         "startup_s": round(t1 - t0, 2),
         "generate_s": round(t2 - t1, 3),
+        "then": then,
     }
+    for requests in job.get("then") or []:
+        outs = llm.generate(*_params(requests), use_tqdm=False)
+        spec_after = spec_metrics(llm) if job.get("spec") else None
+        preempted_after = preemptions(llm)
+        then.append(
+            {
+                "outputs": [list(o.outputs[0].token_ids) for o in outs],
+                "top2_gaps": [top2_gaps(o.outputs[0].logprobs) for o in outs],
+                "spec": _spec_delta(spec, spec_after),
+                "preemptions": preempted_after - preempted,
+            }
+        )
+        spec, preempted = spec_after, preempted_after
     llm.llm_engine.engine_core.shutdown()  # stop the engine core and its workers
     return result
 
