@@ -49,8 +49,10 @@ def main() -> None:
         print(f"{case}\t{own}\t{helpers}")
         cases += 1
         total += own
-    print(f"TOTAL {cases} cases; {total} asserts in test functions (per case); "
-          f"{helper_total} asserts in helpers and fixtures")
+    print(
+        f"TOTAL {cases} cases; {total} asserts in test functions (per case); "
+        f"{helper_total} asserts in helpers and fixtures"
+    )
 
 
 if __name__ == "__main__":

@@ -94,7 +94,9 @@ def main() -> None:
             assert res.returncode == 0, res.log[-4000:]
             figures[way].append(parts(res.log, t0, t1, res.result))
     names = list(next(iter(figures.values()))[0])
-    print(f"{'part (s), min / median of ' + str(args.repeats):40}" + "".join(f"{w:>18}" for w in ways))
+    print(
+        f"{'part (s), min / median of ' + str(args.repeats):40}" + "".join(f"{w:>18}" for w in ways)
+    )
     for name in names:
         cells = []
         for way in ways:

@@ -59,19 +59,28 @@ def test_importing_the_worker_under_another_version_fails_with_the_message():
     assert "supports vLLM 0.32.0 only; found vLLM 0.31.9" in proc.stderr
 
 
+def _load_plugins_then(before: str, check: str) -> subprocess.CompletedProcess[str]:
+    """A new interpreter: ``before``, vLLM's own plugin loader (the entry point
+    runs ``plugin.register``), then ``check`` on whether the patches are in."""
+    code = (
+        before
+        + "from vllm.plugins import load_general_plugins; load_general_plugins()\n"
+        + "from vllm.config import VllmConfig\n"
+        + "from vllm_ppspec import config_patches\n"
+        + "patched = getattr(VllmConfig, config_patches._PATCHED_FLAG, False)\n"
+        + check
+    )
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+
+
 def test_plugin_hook_on_another_version_warns_and_installs_nothing():
     """Installed beside another vLLM, the general-plugin hook (which vLLM runs in
     every process, whatever the worker) must not stop vLLM: one warning, no
-    patch. Loaded through vLLM's own plugin loader and the entry point."""
-    code = (
-        "import vllm; vllm.__version__ = '0.40.0'\n"
-        "from vllm.plugins import load_general_plugins; load_general_plugins()\n"
-        "from vllm.config import VllmConfig\n"
-        "from vllm_ppspec import config_patches\n"
-        "assert not getattr(VllmConfig, config_patches._PATCHED_FLAG, False), 'patched'\n"
-        "print('VLLM STILL RUNS')\n"
+    patch."""
+    proc = _load_plugins_then(
+        "import vllm; vllm.__version__ = '0.40.0'\n",
+        "assert not patched, 'patched'\nprint('VLLM STILL RUNS')\n",
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "VLLM STILL RUNS" in proc.stdout
     assert "vLLM 0.40.0 is not supported (supported: 0.32.0)" in proc.stderr
@@ -79,13 +88,7 @@ def test_plugin_hook_on_another_version_warns_and_installs_nothing():
 
 
 def test_plugin_hook_on_the_supported_version_installs_the_patches():
-    code = (
-        "from vllm.plugins import load_general_plugins; load_general_plugins()\n"
-        "from vllm.config import VllmConfig\n"
-        "from vllm_ppspec import config_patches\n"
-        "assert getattr(VllmConfig, config_patches._PATCHED_FLAG, False), 'not patched'\n"
-    )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    proc = _load_plugins_then("", "assert patched, 'not patched'\n")
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "is not supported" not in proc.stderr
 

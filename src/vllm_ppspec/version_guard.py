@@ -187,6 +187,24 @@ MIRRORED_FUNCTIONS: tuple[tuple[str, str, str, str], ...] = (
 )
 
 
+# Upstream methods the plugin wraps in place (config_patches.install), beside
+# the ones its classes override (found from their MRO by tools/drift.py). Their
+# upstream bodies are compared release to release by the drift tool.
+PATCHED_NAMES: tuple[tuple[str, str], ...] = (
+    ("vllm.config.vllm", "VllmConfig.__post_init__"),
+    ("vllm.config.vllm", "VllmConfig._get_v1_model_runner_unsupported_features"),
+    ("vllm.config.vllm", "VllmConfig.use_v2_model_runner"),
+    ("vllm.config.vllm", "VllmConfig.max_concurrent_batches"),
+    ("vllm.v1.engine.core", "EngineCore.post_step"),
+    ("vllm.platforms.cpu", "CpuPlatform.check_and_update_config"),
+)
+
+# Per vLLM release: drift the drift tool may report that has been read and
+# handled ("module:qualname" -> what the plugin does about it). A release is
+# supported once its drift is all explained here and its e2e cases pass.
+EXPLAINED_DRIFT: dict[str, dict[str, str]] = {}
+
+
 def source_hash(module_name: str, qualname: str) -> str:
     """First 16 hex digits of the sha256 of an upstream function's source."""
     import hashlib

@@ -37,42 +37,35 @@ def run_job(job: dict[str, Any], timeout: float = 600) -> JobResult:
         job_path.write_text(json.dumps(job))
         log_path = Path(d) / "log.txt"
         log_path.touch()
+        argv = ["run_offline", str(job_path), str(out_path)]
         if os.environ.get("PPSPEC_FORKSERVER", "1") != "0":
             from vllm_ppspec.testing import forkserver
 
-            argv = ["run_offline", str(job_path), str(out_path)]
             child = forkserver.start("vllm_ppspec.testing.run_offline", argv, str(log_path))
-            try:
-                code = child.wait(timeout=timeout)
-                note = ""
-            except subprocess.TimeoutExpired:
-                code, note = -9, f"\nTIMEOUT after {timeout}s"
-            finally:
-                child.kill()  # the whole session: the engine core and workers too
-            return _result(code, log_path, out_path, note)
-        with open(log_path, "w") as log_file:
-            # A new session, so that the engine core and workers vLLM spawns
-            # can be killed with it, whatever state they are in.
-            proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "vllm_ppspec.testing.run_offline",
-                    str(job_path),
-                    str(out_path),
-                ],
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-            try:
-                code = proc.wait(timeout=timeout)
-                note = ""
-            except subprocess.TimeoutExpired:
-                code, note = -9, f"\nTIMEOUT after {timeout}s"
-            finally:
-                kill_session(proc.pid)
+            code, note = _wait(child, timeout, child.kill)
+        else:
+            with open(log_path, "w") as log_file:
+                # A new session, so that the engine core and workers vLLM spawns
+                # can be killed with it, whatever state they are in.
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "vllm_ppspec.testing.run_offline", *argv[1:]],
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+                code, note = _wait(proc, timeout, lambda: kill_session(proc.pid))
         return _result(code, log_path, out_path, note)
+
+
+def _wait(proc: Any, timeout: float, kill: Any) -> tuple[int, str]:
+    """The job's exit code (-9 after ``timeout``) and a note for its log; then
+    ``kill()`` ends whatever is left of its session (engine core, workers)."""
+    try:
+        return proc.wait(timeout=timeout), ""
+    except subprocess.TimeoutExpired:
+        return -9, f"\nTIMEOUT after {timeout}s"
+    finally:
+        kill()
 
 
 def _result(code: int, log_path: Path, out_path: Path, note: str) -> JobResult:
