@@ -10,7 +10,8 @@ mixin is mixed into vLLM's ``GPUModelRunner`` (:class:`PPSpecGPUModelRunner`) an
 ``CPUModelRunner`` (:class:`vllm_ppspec.cpu_runner.PPSpecCPUModelRunner`).
 
 With PP = 1 or without a speculative config every override calls straight
-through to vLLM (``_model_forward`` only times the forward). PP + spec with the
+through to vLLM (``_model_forward`` only times the forward), except that at
+DP > 1 ``_ppspec_setup`` still installs the DP agreement on the drafter (below). PP + spec with the
 external-launcher (torchrun) PP mode is refused: by the config check
 (:mod:`vllm_ppspec.config_patches`) and again in ``_ppspec_setup``.
 
@@ -42,16 +43,19 @@ speculative round (one ``execute_model`` + ``sample_tokens`` pair):
   for the last rank, and the draft tensor that the next step scatters into its
   input ids.
 
-Collectives added, once after ``load_model`` on every rank of the PP group:
-header ``all_reduce``; if vLLM would share the target's embedding with the
+Collectives added, once at set-up under PP + spec on every rank of the PP
+group: the peer watcher's ``all_gather_object`` of process ids
+(rank_errors.watch_pp_peers). Once after ``load_model`` on every rank of the
+PP group: header ``all_reduce``; if vLLM would share the target's embedding with the
 drafter (embedding_share.share_mode), a digest ``all_reduce`` and, if the
 drafter's values differ, a ``broadcast`` of the target's embedding from the
 first rank (embedding_handover.hand_over_embedding).
 
 Collectives added under async scheduling, per ``sample_tokens`` call, on every
 rank of the PP group: one ``all_reduce`` carrying header, sampled matrix and
-drafts (on ``pp.cpu_group``, preceded once, at the first round, by a shape
-``all_reduce``; see :mod:`vllm_ppspec.transport`). The last rank calls it after
+drafts (on ``pp.cpu_group``, preceded once, at set-up on every PP rank, by a
+shape ``all_reduce``: ``RoundChannel.agree_shape``; see
+:mod:`vllm_ppspec.transport`). The last rank calls it after
 its sampler and drafter ran (with lanes: posted, completed PP steps later); the
 others before returning (with lanes: at the start of a later ``execute_model``).
 A rank whose round cannot be applied raises only after it completed. Under sync
