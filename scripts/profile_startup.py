@@ -16,8 +16,9 @@ Each part is read off the job's log (vLLM stamps its lines to the second, so
 parts are +-1 s) and from the job's own clocks: the job process up to vLLM's
 first line (interpreter and imports), to the engine core's first line (its
 spawn and imports; 0 in-process), to the workers' first line (their spawn
-and imports), model load + KV cache + warm-up (vLLM's own "init engine" figure),
-generate, and the rest (shutdown and exit). Prints min and median per part.
+and imports), KV cache + warm-up (vLLM's own "init engine" figure), generate,
+and the rest (model load, first step, shutdown and exit). Prints min and
+median per part.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def parts(log: str, t_start: float, t_end: float, result: dict) -> dict[str, flo
         "job process, imports": main - t_start,
         "config, engine core spawn + imports": engine - main,
         "workers spawn + imports": workers - engine,
-        "load + KV cache + warm-up": load,
+        "KV cache + warm-up": load,
         "generate": gen,
     }
     out["other (model load, first step, shutdown)"] = total - sum(out.values())

@@ -141,6 +141,7 @@ class ForkServer:
         self._codes: dict[int, int] = {}  # pid -> exit code
         self._next_id = 0
         self._gone = False
+        atexit.register(self.close)  # the server goes with the client
 
     def _ensure(self) -> subprocess.Popen[bytes]:
         if self._proc is not None and self._proc.poll() is None:
@@ -157,7 +158,6 @@ class ForkServer:
             raise RuntimeError("the fork server died while importing vLLM")
         self._proc, self._gone = proc, False
         threading.Thread(target=self._read_replies, args=(proc,), daemon=True).start()
-        atexit.register(self.close)
         return proc
 
     def _read_replies(self, proc: subprocess.Popen[bytes]) -> None:

@@ -213,9 +213,13 @@ def overridden() -> Iterator[tuple[str, str, str]]:
             if key in seen:
                 continue
             seen.add(key)
-            member: Any = vars(owner)[name]
-            member = member.fget if isinstance(member, property) else member
-            yield key[0], key[1], inspect.getsource(member)
+            yield key[0], key[1], source_of(vars(owner)[name])
+
+
+def source_of(member: Any) -> str:
+    """``inspect.getsource`` of a function, method, classmethod or property (its getter)."""
+    member = member.fget if isinstance(member, property) else member
+    return inspect.getsource(getattr(member, "__func__", member))
 
 
 def installed_source(module: str, qualname: str) -> str:
@@ -224,9 +228,7 @@ def installed_source(module: str, qualname: str) -> str:
     obj: object = importlib.import_module(module)
     for part in qualname.split("."):
         obj = getattr(obj, part)
-    obj = obj.fget if isinstance(obj, property) else obj  # type: ignore[union-attr]
-    obj = getattr(obj, "__func__", obj)
-    return inspect.getsource(obj)  # type: ignore[arg-type]
+    return source_of(obj)
 
 
 @dataclass
