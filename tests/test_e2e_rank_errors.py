@@ -41,8 +41,10 @@ def test_error_on_a_non_last_rank_ends_the_engine(models, fault, mode, error):
             pp=2,
             spec=spec,
             async_scheduling=(mode == "async"),
-            env={"VLLM_PPSPEC_FAULT": fault},
-            engine_core="process",  # vLLM's default: the engine core in its own process
+            env={"VLLM_PPSPEC_FAULT": fault, "PPSPEC_VLLM_START": "spawn"},
+            # as a user runs it: the engine core in a process of its own, it
+            # and the workers spawned as fresh interpreters
+            engine_core="process",
         ),
         timeout=BOUND_S,
     )

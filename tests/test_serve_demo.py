@@ -7,6 +7,7 @@ prompts; ``--tiny``: the tiny random-weight models, with every method's drafter.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -18,9 +19,11 @@ from vllm_ppspec import demo
 from vllm_ppspec.testing import real_model
 
 
-def _run_demo(*args: str) -> str:
+def _run_demo(*args: str, start: str = "fork") -> str:
+    """Run the demo; ``start="spawn"`` runs vLLM's processes as a user's are."""
     proc = subprocess.run(
         [sys.executable, "-m", "vllm_ppspec.demo", *args],
+        env={**os.environ, "PPSPEC_VLLM_START": start},
         capture_output=True,
         text=True,
         timeout=900,
@@ -34,7 +37,7 @@ def _run_demo(*args: str) -> str:
 
 @pytest.mark.e2e
 def test_demo_default_real_model_pp2_ngram_matches_pp1_through_openai_api():
-    out = _run_demo()
+    out = _run_demo(start="spawn")  # the README's main job, exactly as a user runs it
     assert "Falling back" not in out, out[-3000:]
     assert "vllm serve smollm2, PP=2 + ngram (k=3), sync scheduling" in out
     assert out.count("token ids MATCH PP=1 no-spec") == 6

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 from collections.abc import Callable
@@ -300,6 +301,9 @@ def plot(data: dict[str, Any], table: dict[str, Any], path: Path) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # vLLM spawns its processes, as for any user (the tests may ask for fork:
+    # vllm_ppspec.testing.forkserver)
+    os.environ.setdefault("PPSPEC_VLLM_START", "spawn")
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--target", choices=["planted", "smollm2", "tiny"], default="planted")
     parser.add_argument("--method", choices=["ngram", "draft_model"], default="ngram")

@@ -23,6 +23,7 @@ a drafter for every method).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -165,6 +166,9 @@ def workload(args: argparse.Namespace) -> Workload:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    # vLLM spawns its processes, as for any user (the tests may ask for fork:
+    # vllm_ppspec.testing.forkserver)
+    os.environ.setdefault("PPSPEC_VLLM_START", "spawn")
     work = workload(args)
     log_dir = REPO / ".cache" / "demo"
     log_dir.mkdir(parents=True, exist_ok=True)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import sys
@@ -143,6 +144,9 @@ def passed(s: dict[str, Any]) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # vLLM spawns its processes, as for any user (the tests may ask for fork:
+    # vllm_ppspec.testing.forkserver)
+    os.environ.setdefault("PPSPEC_VLLM_START", "spawn")
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     p.add_argument("--requests", type=int, default=300)
     p.add_argument("--in-flight", type=int, default=16)

@@ -7,8 +7,14 @@ job then runs in a forked child: a process of its own, in a session of its
 own, with the caller's environment, that starts from the same pristine
 imported state every time (nothing a job does reaches the next one).
 
-vLLM's own processes are unchanged: the CPU platform still spawns its workers
-(and ``vllm serve`` its engine core) as fresh interpreters, as for a user.
+vLLM's own processes (``vllm serve``'s engine core, the workers) are forked
+too, from the job: vLLM's default start method on Linux, which its CPU
+platform replaces with ``spawn`` (``CpuPlatform.check_and_update_config``).
+The server wraps that hook so that ``VLLM_WORKER_MULTIPROC_METHOD`` goes back
+to ``fork`` afterwards, unless the job's environment has
+``PPSPEC_VLLM_START=spawn``: then vLLM spawns fresh interpreters, as for a
+user. A spawned worker or engine core costs about 6-12 s of imports here; a
+forked one well under 1 s.
 
 Protocol, on the server's stdin / stdout (children run concurrently):
 
@@ -88,6 +94,49 @@ def _child(request: dict[str, Any], reply_fd: int, request_fd: int) -> None:
             os._exit(code)
 
 
+def _let_vllm_fork() -> None:
+    """After the CPU platform's config hook, which sets ``spawn``, set ``fork``
+    back, unless ``PPSPEC_VLLM_START=spawn`` (read when the hook runs)."""
+    from vllm.platforms.cpu import CpuPlatform
+
+    original = CpuPlatform.check_and_update_config.__func__  # type: ignore[attr-defined]
+
+    def check_and_update_config(cls: type, vllm_config: Any) -> None:
+        original(cls, vllm_config)
+        if os.environ.get("PPSPEC_VLLM_START", "fork") == "fork":
+            os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
+
+    CpuPlatform.check_and_update_config = classmethod(check_and_update_config)  # type: ignore[method-assign, assignment]
+
+    from vllm.v1.executor.multiproc_executor import WorkerProc
+
+    worker_main = WorkerProc.worker_main
+
+    def forked_worker_main(*args: Any, **kwargs: Any) -> None:
+        _bind_threads()
+        worker_main(*args, **kwargs)
+
+    WorkerProc.worker_main = staticmethod(forked_worker_main)  # type: ignore[method-assign]
+
+
+def _bind_threads() -> None:
+    """In a forked worker, what OpenMP does at a new interpreter's start.
+
+    vLLM's CPU executor sets each worker's ``OMP_NUM_THREADS`` and
+    ``OMP_PLACES`` just before starting it (``OMPProcessManager``); OpenMP reads
+    them only when it loads, so a forked worker would keep the fork server's
+    threads, unbound (at DP=2 x PP=2, eight spinning threads on two cores).
+    """
+    import torch
+
+    places = os.environ.get("OMP_PLACES", "")
+    if places.startswith("{") and places.endswith("}"):
+        os.sched_setaffinity(0, {int(c) for c in places[1:-1].split(",")})
+    threads = os.environ.get("OMP_NUM_THREADS")
+    if threads:
+        torch.set_num_threads(int(threads))
+
+
 def serve() -> None:
     """The server loop: fork on each request, report pids and exit codes."""
     request_fd = os.dup(0)
@@ -99,6 +148,7 @@ def serve() -> None:
     from vllm_ppspec.plugin import register
 
     register()  # what vLLM does in each of its processes; idempotent
+    _let_vllm_fork()
 
     def reply(message: dict[str, Any]) -> None:
         os.write(reply_fd, (json.dumps(message) + "\n").encode())
