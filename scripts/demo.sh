@@ -6,4 +6,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-exec .venv/bin/python -m vllm_ppspec.demo "$@"
+exec .venv/bin/python -m vllm_ppspec_tools.demo "$@"

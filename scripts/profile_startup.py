@@ -74,8 +74,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
     from tests.engine_jobs import job
-    from vllm_ppspec.testing.jobs import run_job
-    from vllm_ppspec.testing.tiny_models import build_all
+    from vllm_ppspec_tools.fixtures.jobs import run_job
+    from vllm_ppspec_tools.fixtures.tiny_models import build_all
 
     models = build_all(REPO / ".cache" / "models")
     spec = {"method": "draft_model", "model": models["draft_copy"], "num_speculative_tokens": 3}

@@ -19,14 +19,14 @@ REPO = Path(__file__).resolve().parent.parent
 MODELS_DIR = Path(os.environ.get("PPSPEC_MODELS_DIR", REPO / ".cache" / "models"))
 
 # vLLM forks its engine core and workers in the tests' jobs and servers (see
-# vllm_ppspec.testing.forkserver); a test that must run them as a user does
+# vllm_ppspec_tools.fixtures.forkserver); a test that must run them as a user does
 # passes PPSPEC_VLLM_START=spawn in its job's or server's environment.
 os.environ.setdefault("PPSPEC_VLLM_START", "fork")
 
 
 @pytest.fixture(scope="session")
 def models() -> dict[str, str]:
-    from vllm_ppspec.testing.tiny_models import build_all
+    from vllm_ppspec_tools.fixtures.tiny_models import build_all
 
     return build_all(MODELS_DIR)
 

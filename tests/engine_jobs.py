@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_ppspec.testing.jobs import JobResult, run_job
+from vllm_ppspec_tools.fixtures.jobs import JobResult, run_job
 
 __all__ = ["JobResult", "job", "run_job"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_ppspec.accepted_counts import AcceptedCounts
+from vllm_ppspec.protocol.accepted_counts import AcceptedCounts
 
 
 def test_valid_tokens_follow_the_schedulers_rollback():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vllm_ppspec.accounting import (
+from vllm_ppspec.protocol.accounting import (
     draft_matrix,
     next_tokens_and_counts,
     pad_sampled,

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.e2e
 def test_bench_runs_every_configuration_and_reports_busy_acceptance_and_transport(
     models, tmp_path, capsys
 ):
-    from vllm_ppspec import bench
+    from vllm_ppspec_tools import bench
 
     code = bench.main(
         [

@@ -115,7 +115,7 @@ def test_unsupported_method_under_pp_is_refused_with_the_supported_list(target):
 def test_workers_refuse_to_run_without_the_plugin_patches(monkeypatch):
     from vllm.config.vllm import VllmConfig
 
-    from vllm_ppspec.config_patches import require_installed
+    from vllm_ppspec.patches.config import require_installed
 
     require_installed()  # register() above installed them
     monkeypatch.delattr(VllmConfig, "_vllm_ppspec_patched")
@@ -128,7 +128,7 @@ def _ngram():
 
 
 def test_sync_pp_spec_fills_the_pipeline_with_the_plugin_scheduler(target, monkeypatch):
-    from vllm_ppspec.config_patches import ONE_BATCH_ENV, SCHEDULER_QUALNAME
+    from vllm_ppspec.patches.config import ONE_BATCH_ENV, SCHEDULER_QUALNAME
 
     for pp in (2, 3):
         cfg = _config(
@@ -151,7 +151,7 @@ def test_sync_pp_spec_fills_the_pipeline_with_the_plugin_scheduler(target, monke
 
 @pytest.mark.parametrize("pp", [2, 3])
 def test_async_pp_spec_keeps_pp_plus_1_batches_with_the_lane_scheduler(target, models, pp):
-    from vllm_ppspec.lane_scheduler import PPSpecLaneScheduler
+    from vllm_ppspec.sched.lanes import PPSpecLaneScheduler
 
     cfg = _config(
         target,
@@ -168,7 +168,7 @@ def test_async_pp_spec_runs_lanes_at_dp_2_too(target, models):
     # Lanes were off at DP > 1 until the first round stopped blocking
     # (transport.RoundChannel.agree_shape at start-up; docs/design.md, "Lanes
     # at DP > 1"); tests/test_e2e_dp.py's async cases run them.
-    from vllm_ppspec.lane_scheduler import PPSpecLaneScheduler
+    from vllm_ppspec.sched.lanes import PPSpecLaneScheduler
 
     cfg = _config(
         target,
@@ -184,7 +184,7 @@ def test_async_pp_spec_runs_lanes_at_dp_2_too(target, models):
 
 
 def test_async_lanes_switched_off_keep_two_batches_and_warn(target, models, monkeypatch):
-    from vllm_ppspec import config_patches
+    from vllm_ppspec.patches import config as config_patches
 
     said: list[str] = []
     monkeypatch.setattr(config_patches, "_warn_once", said.append)
@@ -202,7 +202,7 @@ def test_async_lanes_switched_off_keep_two_batches_and_warn(target, models, monk
 
 
 def test_another_scheduler_class_is_refused_under_async_pp_spec(target, models):
-    with pytest.raises(ValueError, match="subclass vllm_ppspec.lane_scheduler"):
+    with pytest.raises(ValueError, match="subclass vllm_ppspec.sched.lanes"):
         _config(
             target,
             pipeline_parallel_size=2,
@@ -227,7 +227,7 @@ def test_another_scheduler_class_is_refused_under_pp_spec(target):
 def test_engine_post_step_skips_the_blocking_draft_fetch_with_the_plugin_scheduler():
     from vllm.v1.engine.core import EngineCore
 
-    from vllm_ppspec.scheduler import PPSpecScheduler
+    from vllm_ppspec.sched.filled import PPSpecScheduler
 
     class _Executor:
         calls = 0

@@ -16,8 +16,8 @@ import time
 import torch
 
 from tests.distributed import run_ranks
-from vllm_ppspec import dp_agreement, faults
-from vllm_ppspec.dp_agreement import Agreement, DPAgreementError
+from vllm_ppspec.protocol import dp_agreement, faults
+from vllm_ppspec.protocol.dp_agreement import Agreement, DPAgreementError
 
 
 def _world():

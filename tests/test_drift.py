@@ -1,4 +1,4 @@
-"""The drift tool (``python -m vllm_ppspec.tools.drift``) reads a vLLM release's
+"""The drift tool (``python -m vllm_ppspec_tools.drift``) reads a vLLM release's
 sources and reports the names, mirrors and overridden methods that changed.
 
 Its reference is the installed, pinned vLLM: read against the installed sources
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from vllm_ppspec import version_guard
-from vllm_ppspec.tools import drift
+from vllm_ppspec_tools import drift
 
 
 def _installed_root() -> Path:
@@ -94,7 +94,7 @@ def test_a_planted_drift_fails_the_tool_naming_each_change_with_its_diff(tmp_pat
         (tmp_path / path).write_text(text.replace(old, new))
 
     proc = subprocess.run(
-        [sys.executable, "-m", "vllm_ppspec.tools.drift", "9.9.9", "--source", str(tmp_path)],
+        [sys.executable, "-m", "vllm_ppspec_tools.drift", "9.9.9", "--source", str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=300,

@@ -4,7 +4,7 @@ The target is the tiny Mixtral ``moe`` (testing.tiny_models): at DP > 1 its MoE
 layers gather every DP rank's tokens (``all_gatherv``) and reduce-scatter the
 expert outputs (``reduce_scatterv``) in every forward, so DP ranks run in
 lockstep, idle ones with dummy batches (the plugin supplies both collectives on
-CPU: cpu_moe_collectives.py). Offline ``LLM`` refuses DP, so each shape is one
+CPU: patches/cpu_moe.py). Offline ``LLM`` refuses DP, so each shape is one
 ``vllm serve --data-parallel-size 2`` with the plugin's worker, shared by every
 scenario below; requests are pinned to a DP rank with vLLM's
 ``X-data-parallel-rank`` header:
@@ -35,8 +35,15 @@ from typing import Any
 import pytest
 
 from vllm_ppspec import WORKER_QUALNAME
-from vllm_ppspec.testing.run_offline import cpu_env
-from vllm_ppspec.testing.server import Server, serve_args
+from vllm_ppspec_tools.fixtures.run_offline import cpu_env
+from vllm_ppspec_tools.fixtures.server import (
+    Server,
+    greedy_completion,
+    openai_client,
+    serve_args,
+    token_ids,
+)
+from vllm_ppspec_tools.fixtures.spec_configs import tiny_spec
 
 pytestmark = pytest.mark.e2e
 
@@ -59,16 +66,6 @@ SCENARIOS: dict[str, list[tuple[int, list[int], int]]] = {
 }
 
 
-def _spec(models: dict[str, str], method: str) -> dict[str, Any]:
-    if method == "draft_moe":
-        spec = {"method": "draft_model", "model": models["moe_copy"]}
-    elif method == "eagle":
-        spec = {"method": "eagle", "model": models["eagle"]}
-    else:
-        raise ValueError(method)
-    return {**spec, "num_speculative_tokens": K, "max_model_len": DRAFTER_MAX_LEN}
-
-
 def _start(name: str, args: list[str], env: dict[str, str], log_dir: Path) -> Server:
     srv = Server(name, args, env, log_dir)
     srv.wait_ready(timeout=300)  # stops the server if it fails
@@ -84,27 +81,23 @@ def _request(
     **extra: Any,
 ):
     """One greedy completion (pinned to DP ``rank`` unless None): (choice, seconds)."""
-    from openai import OpenAI
-
-    client = OpenAI(
-        base_url=srv.base + "/v1", api_key="unused", max_retries=0, timeout=REQUEST_BOUND_S
-    )
+    client = openai_client(srv.base, timeout=REQUEST_BOUND_S)
     t0 = time.monotonic()
-    resp = client.completions.create(
-        model="tiny",
-        prompt=prompt,
-        max_tokens=n,
-        temperature=0.0,
-        extra_body={"return_token_ids": True, "ignore_eos": True, **(body or {})},
+    choice = greedy_completion(
+        client,
+        "tiny",
+        prompt,
+        n,
+        extra_body=body or {},
         extra_headers={} if rank is None else {"X-data-parallel-rank": str(rank)},
         **extra,
     )
-    return resp.choices[0], time.monotonic() - t0
+    return choice, time.monotonic() - t0
 
 
 def _complete(srv: Server, rank: int | None, prompt: list[int], n: int) -> tuple[list[int], float]:
     choice, secs = _request(srv, rank, prompt, n)
-    return (choice.model_extra or {})["token_ids"], secs
+    return token_ids(choice), secs
 
 
 def _finished_by_engine(srv: Server) -> dict[str, float]:
@@ -168,7 +161,7 @@ def test_dp_spec_scenarios_match_dp1_without_spec(
         "--distributed-executor-backend",
         "mp",
         "--speculative-config",
-        json.dumps(_spec(models, method)),
+        json.dumps(tiny_spec(models, method, K, max_model_len=DRAFTER_MAX_LEN)[1]),
         "--worker-cls",
         WORKER_QUALNAME,
         "--async-scheduling" if async_sched else "--no-async-scheduling",
@@ -219,7 +212,7 @@ def test_dp_disagreement_on_one_rank_stops_the_engine_within_the_bound(models, t
         "--distributed-executor-backend",
         "mp",
         "--speculative-config",
-        json.dumps(_spec(models, "draft_moe")),
+        json.dumps(tiny_spec(models, "draft_moe", K, max_model_len=DRAFTER_MAX_LEN)[1]),
         "--worker-cls",
         WORKER_QUALNAME,
         "--no-async-scheduling",
@@ -302,7 +295,7 @@ def _complete_with_gaps(srv: Server, rank: int, prompt: list[int], n: int):
     for top in choice.logprobs.top_logprobs:
         values = sorted(top.values(), reverse=True)
         gaps.append(values[0] - values[1] if len(values) > 1 else float("inf"))
-    return (choice.model_extra or {})["token_ids"], gaps, secs
+    return token_ids(choice), gaps, secs
 
 
 # Known bug, found 2026-12-01 on this machine (and failing the same way at the
@@ -323,11 +316,10 @@ KNOWN_DP_IDLE_DIVERGENCE = pytest.mark.xfail(
 @pytest.mark.parametrize("async_sched", [False, True], ids=["sync", "async"])
 def test_dp2_pp2_mtp_with_a_moe_mtp_layer_follows_the_planted_rule(models, tmp_path, async_sched):
     from tests.conftest import MODELS_DIR
-    from vllm_ppspec.testing.tiny_hybrid import (
-        NEAR_TIE_NATS,
+    from vllm_ppspec_tools.fixtures.tiny_hybrid import (
         build_hybrid,
-        first_divergence,
         greedy_reference,
+        judge_divergences,
         reference_acceptance,
     )
 
@@ -349,20 +341,17 @@ def test_dp2_pp2_mtp_with_a_moe_mtp_layer_follows_the_planted_rule(models, tmp_p
     ]
     srv = _start("dp2pp2-hybrid-mtp", args, cpu_env(2, 2), tmp_path)
     try:
-        forgiven, failures = [], []
+        cases = []
         for name, reqs in HYBRID_SCENARIOS.items():
             with ThreadPoolExecutor(len(reqs)) as pool:
                 outs = list(pool.map(lambda r: _complete_with_gaps(srv, *r), reqs))
             for (rank, prompt, n), (ids, gaps, secs) in zip(reqs, outs, strict=True):
                 assert secs < REQUEST_BOUND_S
-                want = greedy_reference(prompt, n)
-                if ids == want:
-                    continue
-                pos = first_divergence(want, ids)
-                gap = gaps[pos] if pos < len(gaps) else float("inf")
-                entry = (name, rank, pos, round(gap, 3))
-                (forgiven if gap <= NEAR_TIE_NATS else failures).append(entry)
-        assert not failures, f"divergence at a clear margin (scenario, rank, pos, gap): {failures}"
+                cases.append(((name, rank), greedy_reference(prompt, n), ids, gaps))
+        forgiven, failures = judge_divergences(cases)
+        assert not failures, (
+            f"divergence at a clear margin ((scenario, rank), pos, gap): {failures}"
+        )
         log = srv.log_path.read_text()
         # Only the last PP stage of each DP replica holds the MTP drafter.
         assert log.count("drafter runs agreed across DP") == 2, "DP agreement not installed"

@@ -1,6 +1,6 @@
 """Hybrid (gated-delta-net) targets with MTP under PP, on real vLLM engines (CPU, bf16).
 
-Fixtures (``vllm_ppspec.testing.tiny_hybrid``): a 6-layer Qwen3-Next
+Fixtures (``vllm_ppspec_tools.fixtures.tiny_hybrid``): a 6-layer Qwen3-Next
 ``[GDN, GDN, full, GDN, GDN, full]`` (3+3 layers at PP=2: both stages hold GDN
 layers; a 9-layer ``[GDN, GDN, full] x 3`` variant for PP=3) whose greedy
 output depends on the recurrent state of every GDN layer; ``hybrid_copy``'s MTP
@@ -20,11 +20,10 @@ import pytest
 
 from tests.conftest import MODELS_DIR
 from tests.engine_jobs import job, run_job
-from vllm_ppspec.testing.tiny_hybrid import (
-    NEAR_TIE_NATS,
+from vllm_ppspec_tools.fixtures.tiny_hybrid import (
     build_hybrid,
-    first_divergence,
     greedy_reference,
+    judge_divergences,
     reference_acceptance,
 )
 
@@ -79,14 +78,10 @@ def hybrid_baselines(hybrid):
 
 def judge(baseline: dict, outputs: list[list[int]]) -> tuple[list, list]:
     """Return (forgiven, failures): first divergences within / beyond NEAR_TIE_NATS."""
-    forgiven, failures = [], []
-    for i, (want, got) in enumerate(zip(baseline["outputs"], outputs, strict=True)):
-        if got == want:
-            continue
-        pos = first_divergence(want, got)
-        gap = baseline["top2_gaps"][i][pos] if pos < len(want) else float("inf")
-        (forgiven if gap <= NEAR_TIE_NATS else failures).append((i, pos, round(gap, 3)))
-    return forgiven, failures
+    wanted = baseline["outputs"]
+    gaps = baseline["top2_gaps"]
+    rows = zip(wanted, outputs, gaps, strict=True)
+    return judge_divergences([(i, want, got, gap) for i, (want, got, gap) in enumerate(rows)])
 
 
 def _run(hybrid, fixture, pp, k, mode):

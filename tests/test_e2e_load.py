@@ -16,6 +16,7 @@ from __future__ import annotations
 import pytest
 
 from tests.engine_jobs import job, run_job
+from vllm_ppspec_tools.fixtures.spec_configs import tiny_spec
 
 pytestmark = pytest.mark.e2e
 
@@ -39,17 +40,6 @@ def load_baseline(models):
     return res.outputs
 
 
-def _spec(models, method: str) -> dict:
-    if method == "ngram":
-        return {
-            "method": "ngram",
-            "num_speculative_tokens": K,
-            "prompt_lookup_min": 1,
-            "prompt_lookup_max": 3,
-        }
-    return {"method": method.split("_")[0], "model": models[method], "num_speculative_tokens": K}
-
-
 # Each PP size with both scheduling modes; methods spread over the cases.
 CASES = [
     (2, "sync", "eagle3_succ"),
@@ -63,9 +53,7 @@ CASES = [
 def test_filled_pipeline_under_load_matches_pp1_without_spec(
     models, load_baseline, pp, mode, method
 ):
-    spec = _spec(models, method)
-    if method.startswith("draft"):
-        spec["method"] = "draft_model"
+    _, spec = tiny_spec(models, method, K)
     res = run_job(
         job(models["target"], pp=pp, spec=spec, async_scheduling=(mode == "async"), **LOAD),
         timeout=900,

@@ -44,6 +44,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.engine_jobs import job, run_job
+from vllm_ppspec_tools.fixtures.spec_configs import tiny_spec
 
 pytestmark = pytest.mark.e2e
 
@@ -70,18 +71,6 @@ def _kv(role: str, path: Path) -> dict:
         "kv_role": role,
         "kv_connector_extra_config": {"shared_storage_path": str(path)},
     }
-
-
-def _spec(models, method: str) -> tuple[str, dict]:
-    if method == "mtp":
-        return "mimo", {"method": "mtp", "num_speculative_tokens": K}
-    if method == "eagle3":
-        return "target", {
-            "method": "eagle3",
-            "model": models["eagle3_succ"],
-            "num_speculative_tokens": K,
-        }
-    raise AssertionError(method)
 
 
 def _produce(model: str, path: Path, *, pp: int, spec: dict | None, worker: str) -> list[int]:
@@ -158,7 +147,7 @@ def _stored(path: Path) -> dict[tuple[str, str], torch.Tensor]:
 @pytest.fixture(scope="module")
 def reference(models, tmp_path_factory):
     """PP=1 without spec, vLLM's own worker, as a producer: tokens and stored KV."""
-    from vllm_ppspec.testing.tiny_models import greedy_reference
+    from vllm_ppspec_tools.fixtures.tiny_models import greedy_reference
 
     planted = [greedy_reference(p, MAX_TOKENS) for p in PROMPTS]
     out = {}
@@ -185,7 +174,7 @@ def reference(models, tmp_path_factory):
 @pytest.mark.parametrize("method", ["mtp", "eagle3"])
 def test_pp2_spec_producer_into_pp1_consumer(models, reference, tmp_path, method):
     """Producer: PP=2 + spec, plugin worker. Consumer: PP=1, vLLM's own worker, no spec."""
-    target, spec = _spec(models, method)
+    target, spec = tiny_spec(models, method, K)
     tokens, ref_stored = reference[target]
     first = _produce(models[target], tmp_path, pp=2, spec=spec, worker="ppspec")
     assert first == [t[0] for t in tokens]
@@ -206,7 +195,7 @@ def test_pp2_spec_producer_into_pp1_consumer(models, reference, tmp_path, method
 def mtp_producer_store(models, reference, tmp_path_factory):
     """A PP=1 producer with the MTP drafter (vLLM's own worker): its store and first tokens."""
     path = tmp_path_factory.mktemp("pp1-mtp-producer")
-    _, spec = _spec(models, "mtp")
+    _, spec = tiny_spec(models, "mtp", K)
     first = _produce(models["mimo"], path, pp=1, spec=spec, worker="stock")
     return path, first
 
@@ -218,7 +207,7 @@ def test_pp1_producer_into_pp2_mtp_consumer(models, reference, mtp_producer_stor
     tokens, _ = reference["mimo"]
     path, first = mtp_producer_store
     assert first == [t[0] for t in tokens]
-    _, spec = _spec(models, "mtp")
+    _, spec = tiny_spec(models, "mtp", K)
     joined, result = _consume(
         models["mimo"],
         path,

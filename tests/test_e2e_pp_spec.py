@@ -14,7 +14,8 @@ from __future__ import annotations
 import pytest
 
 from tests.engine_jobs import GREEDY_REQUESTS, SAMPLED_REQUESTS, job, run_job
-from vllm_ppspec.testing.probes import checkpoint_embedding_digest
+from vllm_ppspec_tools.fixtures.probes import checkpoint_embedding_digest
+from vllm_ppspec_tools.fixtures.spec_configs import tiny_spec
 
 pytestmark = pytest.mark.e2e
 
@@ -24,7 +25,7 @@ K = 3
 @pytest.fixture(scope="module")
 def baseline(models):
     """PP=1, no speculative decoding, vLLM's own worker: the oracle."""
-    from vllm_ppspec.testing.tiny_models import greedy_reference
+    from vllm_ppspec_tools.fixtures.tiny_models import greedy_reference
 
     # The baselines are themselves pinned to the model-free rule both models
     # were planted with, so a broken fixture or oracle cannot pass unnoticed.
@@ -36,46 +37,6 @@ def baseline(models):
         assert res.outputs == planted, name
         out[name] = res.outputs
     return out
-
-
-def _spec(models, method: str) -> tuple[str, dict]:
-    """(target fixture name, speculative config) for each method under test."""
-    if method == "ngram":
-        return "target", {
-            "method": "ngram",
-            "num_speculative_tokens": K,
-            "prompt_lookup_min": 1,
-            "prompt_lookup_max": 3,
-        }
-    if method == "draft_copy":
-        return "target", {
-            "method": "draft_model",
-            "model": models["draft_copy"],
-            "num_speculative_tokens": K,
-        }
-    if method == "draft_random":
-        return "target", {
-            "method": "draft_model",
-            "model": models["draft_random"],
-            "num_speculative_tokens": K,
-        }
-    if method == "eagle3":
-        return "target", {
-            "method": "eagle3",
-            "model": models["eagle3_succ"],
-            "num_speculative_tokens": K,
-        }
-    if method == "eagle3_aux":
-        return "target", {
-            "method": "eagle3",
-            "model": models["eagle3_aux"],
-            "num_speculative_tokens": K,
-        }
-    if method == "eagle":
-        return "target", {"method": "eagle", "model": models["eagle"], "num_speculative_tokens": K}
-    if method == "mtp":
-        return "mimo", {"method": "mtp", "num_speculative_tokens": K}
-    raise AssertionError(method)
 
 
 def _check_acceptance(method: str, spec: dict | None, requests=GREEDY_REQUESTS) -> None:
@@ -90,7 +51,7 @@ def _check_acceptance(method: str, spec: dict | None, requests=GREEDY_REQUESTS) 
     if method == "draft_random":
         assert spec["accepted"] < spec["drafts"] // 4, spec  # mostly rejected
         return
-    from vllm_ppspec.testing.tiny_models import reference_acceptance
+    from vllm_ppspec_tools.fixtures.tiny_models import reference_acceptance
 
     drafter = {"draft_copy": "copy", "ngram": "ngram", "eagle3_aux": "aux"}.get(method, "succ")
     accepted, drafted = (
@@ -136,7 +97,7 @@ def _check_drafter_layers(res, method: str) -> None:
     layer on that rank) and the PP=3 (2|1|1) one ``model.layers.1`` (no clash:
     only this probe sees it).
     """
-    from vllm_ppspec.testing.tiny_models import NUM_LAYERS
+    from vllm_ppspec_tools.fixtures.tiny_models import NUM_LAYERS
 
     layers = res.result["probes"]["drafter_layers"]
     assert layers[:-1] == [None] * (len(layers) - 1), layers  # no drafter there
@@ -152,7 +113,7 @@ def pp1_spec_metrics(models):
 
     def get(method: str) -> dict:
         if method not in cache:
-            target, spec = _spec(models, method)
+            target, spec = tiny_spec(models, method, K)
             res = run_job(job(models[target], spec=spec, worker="stock"))
             assert res.returncode == 0, res.log[-6000:]
             cache[method] = res.result["spec"]
@@ -173,7 +134,7 @@ def pp2_run(models):
 
     def get(method: str, mode: str):
         if (method, mode) not in cache:
-            target, spec = _spec(models, method)
+            target, spec = tiny_spec(models, method, K)
             cache[method, mode] = run_job(
                 job(
                     models[target],
@@ -194,7 +155,7 @@ def pp2_run(models):
 def test_pp2_spec_matches_pp1_without_spec(
     models, baseline, pp1_spec_metrics, pp2_run, method, mode
 ):
-    target, spec = _spec(models, method)
+    target, spec = tiny_spec(models, method, K)
     probe = method.startswith("draft_")
     eagle = method.startswith("eagle")
     res = pp2_run(method, mode)
@@ -273,7 +234,7 @@ def test_pp3_spec_matches_pp1_without_spec(models, baseline, method, mode):
     relay collapses its acceptance (about 1% instead of the planted rule's).
     Every case sets the 2 | 1 | 1 split with VLLM_PP_LAYER_PARTITION, which
     the one-stage drafter build must not see (a draft model raised before)."""
-    target, spec = _spec(models, method)
+    target, spec = tiny_spec(models, method, K)
     eagle3 = method.startswith("eagle3")
     # The draft model is built as one stage while this partition lays out the
     # target's three (drafter_scope.target_partition_hidden).
@@ -319,7 +280,7 @@ def test_greedy_tokens_unchanged_beside_sampled_requests(models, baseline, pp2_r
 
 
 def test_ngram_with_async_scheduling_is_refused_clearly(models):
-    target, spec = _spec(models, "ngram")
+    target, spec = tiny_spec(models, "ngram", K)
     res = run_job(job(models[target], pp=2, spec=spec, async_scheduling=True), timeout=300)
     assert res.returncode != 0
     assert "async scheduling is only supported with EAGLE/MTP/Draft Model" in res.log
@@ -327,7 +288,7 @@ def test_ngram_with_async_scheduling_is_refused_clearly(models):
 
 def test_stock_worker_still_fails_with_pp_and_spec(models):
     """Upstream vLLM 0.32 cannot run PP + spec; this tells us when that changes."""
-    target, spec = _spec(models, "draft_copy")
+    target, spec = tiny_spec(models, "draft_copy", K)
     res = run_job(job(models[target], pp=2, spec=spec, worker="stock"), timeout=300)
     assert res.returncode != 0
     assert "has no attribute 'drafter'" in res.log
@@ -336,7 +297,7 @@ def test_stock_worker_still_fails_with_pp_and_spec(models):
 def test_pp2_compile_mode_with_warmup_dummy_runs(models, baseline):
     """Compile mode: vLLM's warm-up runs _dummy_run on every rank (the drafter's
     dummy run on the last rank only), which the eager CPU path skips."""
-    target, spec = _spec(models, "draft_random")
+    target, spec = tiny_spec(models, "draft_random", K)
     res = run_job(job(models[target], pp=2, spec=spec, enforce_eager=False))
     assert res.returncode == 0, res.log[-8000:]
     assert res.outputs == baseline[target]

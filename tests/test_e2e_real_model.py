@@ -16,8 +16,8 @@ import pytest
 
 from tests.conftest import MODELS_DIR
 from tests.engine_jobs import job, run_job
-from vllm_ppspec.testing import copy_prompts, spec_configs
-from vllm_ppspec.testing.real_model import RealModelUnavailable, build, build_self_drafter
+from vllm_ppspec_tools.fixtures import copy_prompts, spec_configs
+from vllm_ppspec_tools.fixtures.real_model import RealModelUnavailable, build, build_self_drafter
 
 pytestmark = pytest.mark.e2e
 

@@ -27,9 +27,17 @@ from pathlib import Path
 
 import pytest
 
-from vllm_ppspec.testing.run_offline import cpu_env
-from vllm_ppspec.testing.server import Server, pp_spec_args, serve_args
-from vllm_ppspec.testing.tiny_models import greedy_reference
+from vllm_ppspec_tools.fixtures.run_offline import cpu_env
+from vllm_ppspec_tools.fixtures.server import (
+    Server,
+    greedy_completion,
+    openai_client,
+    pp_spec_args,
+    serve_args,
+    token_ids,
+)
+from vllm_ppspec_tools.fixtures.spec_configs import tiny_spec
+from vllm_ppspec_tools.fixtures.tiny_models import greedy_reference
 
 pytestmark = pytest.mark.e2e
 
@@ -37,7 +45,7 @@ MAX_MODEL_LEN = 512
 
 
 def _args(models, drafter: str, *extra: str) -> list[str]:
-    spec = {"method": "draft_model", "model": models[drafter], "num_speculative_tokens": 3}
+    _, spec = tiny_spec(models, drafter, 3)
     return [*serve_args(models["target"], "tiny", MAX_MODEL_LEN, *extra), *pp_spec_args(2, spec)]
 
 
@@ -48,20 +56,11 @@ def _start(models, tmp_path: Path, name: str, drafter: str, *extra: str) -> Serv
 
 
 def _client(srv: Server, timeout: float = 120):
-    from openai import OpenAI
-
-    return OpenAI(base_url=srv.base + "/v1", api_key="unused", max_retries=0, timeout=timeout)
+    return openai_client(srv.base, timeout=timeout)
 
 
 def _greedy(client, prompt: list[int], n: int) -> list[int]:
-    resp = client.completions.create(
-        model="tiny",
-        prompt=prompt,
-        max_tokens=n,
-        temperature=0.0,
-        extra_body={"return_token_ids": True, "ignore_eos": True},
-    )
-    return (resp.choices[0].model_extra or {})["token_ids"]
+    return token_ids(greedy_completion(client, "tiny", prompt, n))
 
 
 def _health(srv: Server) -> int:

@@ -1,4 +1,4 @@
-"""The bounded soak in CI: ``python -m vllm_ppspec.soak`` through real ``vllm serve``.
+"""The bounded soak in CI: ``python -m vllm_ppspec_tools.soak`` through real ``vllm serve``.
 
 300 requests, 16 in flight, 10% dropped by the client mid-stream, 20% sampled
 (temperature 1.0, top-p 0.9), prefix caching and chunked prefill on, a KV cache
@@ -23,7 +23,7 @@ def test_bounded_soak_sync_and_async(models, tmp_path):
         [
             sys.executable,
             "-m",
-            "vllm_ppspec.soak",
+            "vllm_ppspec_tools.soak",
             "--requests",
             "300",
             "--in-flight",

@@ -20,7 +20,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vllm_ppspec.testing.tiny_models import (
+from vllm_ppspec_tools.fixtures.tiny_models import (
     EAGLE3_AUX_LAYERS,
     HEAD_DIM,
     HIDDEN,

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from vllm_ppspec.testing import tiny_hybrid, tiny_models
+from vllm_ppspec_tools.fixtures import tiny_hybrid, tiny_models
 
 
 @pytest.mark.parametrize("module", [tiny_models, tiny_hybrid], ids=lambda m: m.__name__)

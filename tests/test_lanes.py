@@ -13,7 +13,7 @@ import pytest
 import torch
 from vllm.v1.core.sched.output import CachedRequestData
 
-from vllm_ppspec.lanes import LaneBook, LaneError, make_sync_shaped
+from vllm_ppspec.protocol.lane_book import LaneBook, LaneError, make_sync_shaped
 
 K = 3
 PROMPT = [11, 12, 13, 14]  # every request's prompt here

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_ppspec import faults, rank_errors
-from vllm_ppspec.transport import RoundDivergenceError
+from vllm_ppspec.protocol import faults
+from vllm_ppspec.protocol.rounds import RoundDivergenceError
+from vllm_ppspec.runner import rank_errors
 
 
 class _Base:
@@ -26,7 +27,7 @@ class _Base:
 class _Worker(rank_errors.RankErrorsEndEngine, _Base):
     def __init__(self, error: Exception | None, active: bool = True):
         super().__init__(error)
-        self.model_runner = type("R", (), {"_ppspec_active": active})()
+        self.model_runner = type("R", (), {"ppspec_active": active})()
 
 
 @pytest.fixture

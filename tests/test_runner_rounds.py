@@ -20,25 +20,26 @@ CAPACITY = 8  # max_num_seqs of the stub runners
 
 
 def _stub_runner(rank: int, world: int, spec: bool, num_reqs: int):
-    from vllm_ppspec.cpu_runner import PPSpecCPUModelRunner
+    from vllm_ppspec.runner.cpu import PPSpecCPUModelRunner
 
     runner = object.__new__(PPSpecCPUModelRunner)
     runner.speculative_config = SimpleNamespace(method="draft_model") if spec else None
-    runner._ppspec_active = spec
-    runner._ppspec_rounds = spec
-    runner._ppspec_counts = None
     runner._ppspec_is_last = rank == world - 1
-    runner._ppspec_stash = None
-    runner._ppspec_round_sampled = None
-    runner._ppspec_deferred = None
     runner.num_spec_tokens = K if spec else 0
     if spec:
         from vllm.distributed.parallel_state import get_pp_group
 
-        from vllm_ppspec.transport import RoundChannel
+        from vllm_ppspec.protocol.faults import Faults
+        from vllm_ppspec.protocol.rounds import RoundChannel
+        from vllm_ppspec.runner.mode import Mode
+        from vllm_ppspec.runner.two_batch import TwoBatchSteps
 
         pp = get_pp_group()
-        runner._ppspec_channel = RoundChannel(pp.cpu_group, pp.last_rank, CAPACITY, K)
+        channel = RoundChannel(pp.cpu_group, pp.last_rank, CAPACITY, K)
+        runner._ppspec_mode = Mode.TWO_BATCH
+        runner._ppspec_two_batch = TwoBatchSteps(
+            channel, pp.is_last_rank, rank, Faults(), runner.ppspec_clocks
+        )
     runner.device = torch.device("cpu")
     runner.use_async_scheduling = True
     runner.broadcast_pp_output = False
@@ -62,13 +63,13 @@ def _stub_runner(rank: int, world: int, spec: bool, num_reqs: int):
 def _missing_stash(rank: int, world: int):
     from vllm.distributed.parallel_state import get_pp_group
 
-    from vllm_ppspec.runner import MissingStashError
+    from vllm_ppspec.runner.rank_errors import MissingStashError
 
     pp = get_pp_group()
     runner = _stub_runner(rank, world, spec=True, num_reqs=2)
     if pp.is_last_rank:
         sampled = torch.tensor([[4, 5, -1, -1], [6, -1, -1, -1]], dtype=torch.int32)
-        runner._ppspec_channel.send(2, sampled, torch.zeros(2, K))
+        runner._ppspec_two_batch.channel.send(2, sampled, torch.zeros(2, K))
         outcome = "sent"
     else:
         try:
@@ -149,7 +150,7 @@ def _apply_async_round(rank: int, world: int):
     if pp.is_last_rank:
         sampled = torch.tensor([[4, 5, 6, 7], [8, -1, -1, -1], [9, 9, -1, -1]], dtype=torch.int32)
         drafts = torch.tensor([[1, 2, 3], [4, 5, 6], [7, 8, 9]])
-        runner._ppspec_channel.send(3, sampled, drafts)
+        runner._ppspec_two_batch.channel.send(3, sampled, drafts)
         return None
     # Request r1 is a partial prefill: its sample is discarded.
     runner.discard_request_mask = SimpleNamespace(
@@ -157,7 +158,7 @@ def _apply_async_round(rank: int, world: int):
     )
     runner.model_config = SimpleNamespace(is_hybrid=False)
     runner.input_batch.vocab_size = 512
-    runner._ppspec_stash = object()
+    runner._ppspec_two_batch.stash = object()
     captured = {}
 
     def copy_counts(next_ids, counts):
@@ -188,13 +189,9 @@ def test_async_round_is_applied_on_the_non_last_rank():
 
 
 def _sync_runner(is_last: bool):
-    from vllm_ppspec.accepted_counts import AcceptedCounts
-    from vllm_ppspec.cpu_runner import PPSpecCPUModelRunner
+    from vllm_ppspec.runner.sync_steps import SyncSteps
 
-    runner = object.__new__(PPSpecCPUModelRunner)
-    runner._ppspec_counts = AcceptedCounts()
-    runner._ppspec_is_last = is_last
-    runner.num_accepted_tokens_event = None
+    runner = SimpleNamespace(num_accepted_tokens_event=None)
     runner.requests = {
         r: SimpleNamespace(num_computed_tokens=10, num_prompt_tokens=8, output_token_ids=[])
         for r in ("a", "b", "c")
@@ -202,7 +199,7 @@ def _sync_runner(is_last: bool):
     runner.input_batch = SimpleNamespace(
         req_id_to_index={}, num_accepted_tokens_cpu=np.ones(8, dtype=np.int32)
     )
-    return runner
+    return runner, SyncSteps(is_last, hybrid=True)
 
 
 def _sched(cached, computed, scheduled, drafts, resumed=(), finished=(), all_tokens=None):
@@ -220,17 +217,17 @@ def _sched(cached, computed, scheduled, drafts, resumed=(), finished=(), all_tok
 
 
 def _accepted_counts_after_rejoin(skip: bool) -> list[int]:
-    runner = _sync_runner(is_last=False)
-    runner._ppspec_skip_state_replay = skip  # what _ppspec_setup read from the env
+    runner, sync = _sync_runner(is_last=False)
+    sync.skip_state_replay = skip  # what _ppspec_setup read from the env
     # Round 1: a, b, c at 10 computed tokens, each 1 token + 3 drafts.
-    runner._ppspec_restore_accepted_counts(
-        _sched("abc", [10] * 3, {r: 4 for r in "abc"}, {r: 3 for r in "abc"})
+    sync.restore_accepted_counts(
+        runner, _sched("abc", [10] * 3, {r: 4 for r in "abc"}, {r: 3 for r in "abc"})
     )
     # They re-join the batch (vLLM resets their rows to 1). The scheduler
     # rolled back rejections: 3, 1 and 0 drafts accepted; c was resumed.
     runner.input_batch.req_id_to_index = {"c": 0, "a": 1, "b": 2}
-    runner._ppspec_restore_accepted_counts(
-        _sched("abc", [14, 12, 0], {r: 4 for r in "abc"}, {}, resumed="c")
+    sync.restore_accepted_counts(
+        runner, _sched("abc", [14, 12, 0], {r: 4 for r in "abc"}, {}, resumed="c")
     )
     return runner.input_batch.num_accepted_tokens_cpu[:3].tolist()
 
@@ -244,12 +241,12 @@ def test_without_the_rebuild_rejoined_rows_keep_vllms_reset_counts():
 
 
 def test_rejoining_request_gets_its_full_token_list_on_a_non_last_rank():
-    runner = _sync_runner(is_last=False)
+    runner, sync = _sync_runner(is_last=False)
     # vLLM's own update left "a" with only the last sampled token of each round.
     runner.requests["a"].output_token_ids = [100, 104]
     all_tokens = {"a": list(range(8)) + [100, 101, 102, 103, 104, 105]}
-    runner._ppspec_restore_output_tokens(
-        _sched("ab", [13, 10], {"a": 4, "b": 1}, {}, all_tokens=all_tokens)
+    sync.before_update_states(
+        runner.requests, _sched("ab", [13, 10], {"a": 4, "b": 1}, {}, all_tokens=all_tokens)
     )
     # Up to the computed tokens; vLLM then appends the newest one (105).
     assert runner.requests["a"].output_token_ids == [100, 101, 102, 103, 104]
@@ -287,7 +284,8 @@ class _UpstreamRunner:
 
 
 def _deferred_corrections(align: bool, steps: int = 3) -> int:
-    from vllm_ppspec.runner import PPSpecRunnerMixin
+    from vllm_ppspec.runner.mixin import PPSpecRunnerMixin
+    from vllm_ppspec.runner.mode import Mode
 
     class Runner(PPSpecRunnerMixin, _UpstreamRunner):
         pass
@@ -295,11 +293,8 @@ def _deferred_corrections(align: bool, steps: int = 3) -> int:
     runner = Runner()
     runner.align = align
     runner.speculative_config = SimpleNamespace(method="draft_model")
-    runner._ppspec_active = True
-    runner._ppspec_rounds = True
-    runner._ppspec_counts = None
+    runner._ppspec_mode = Mode.TWO_BATCH
     runner._ppspec_is_last = False
-    runner._ppspec_deferred = None
     runner.requests = {}
     runner.input_batch = SimpleNamespace()
     sched = SimpleNamespace(
@@ -308,7 +303,7 @@ def _deferred_corrections(align: bool, steps: int = 3) -> int:
     for _ in range(steps):
         runner.execute_model(sched, None)
     assert runner._ppspec_deferred is None
-    assert runner.ppspec_steps == steps  # the bench's step count (steps with tokens)
+    assert runner.ppspec_clocks.steps == steps  # the bench's step count (steps with tokens)
     return runner.corrections
 
 
@@ -323,7 +318,7 @@ def test_deferred_correction_runs_once_per_step_when_vllm_skips_it():
 
 
 def _set_up_runner(monkeypatch, spec: bool):
-    import vllm_ppspec.runner as runner_mod
+    import vllm_ppspec.runner.mixin as runner_mod
 
     class Runner(runner_mod.PPSpecRunnerMixin, _UpstreamRunner):
         pass
@@ -331,6 +326,7 @@ def _set_up_runner(monkeypatch, spec: bool):
     pp = SimpleNamespace(world_size=2, is_last_rank=False, rank_in_group=0, cpu_group=None)
     monkeypatch.setattr(runner_mod, "get_pp_group", lambda: pp)
     monkeypatch.setattr(runner_mod, "watch_pp_peers", lambda group: [])
+    monkeypatch.setattr(runner_mod, "lane_scheduler_selected", lambda config: False)
     runner = Runner()
     runner.speculative_config = SimpleNamespace(method="draft_model") if spec else None
     runner.use_async_scheduling = False
@@ -342,23 +338,24 @@ def _set_up_runner(monkeypatch, spec: bool):
 
 
 def test_fault_injection_switch_is_read_once_at_set_up(monkeypatch):
-    from vllm_ppspec.runner import FAULT_SKIP_STATE_REPLAY
+    from vllm_ppspec.protocol.faults import SKIP_STATE_REPLAY as FAULT_SKIP_STATE_REPLAY
 
     monkeypatch.setenv(FAULT_SKIP_STATE_REPLAY, "1")
     runner = _set_up_runner(monkeypatch, spec=True)
     monkeypatch.delenv(FAULT_SKIP_STATE_REPLAY)
-    assert runner._ppspec_skip_state_replay is True  # a later change of the env is ignored
+    assert runner._ppspec_faults.skip_state_replay is True  # a later change of the env is ignored
+    assert runner._ppspec_sync.skip_state_replay is True  # the sync part got it
     monkeypatch.setenv(FAULT_SKIP_STATE_REPLAY, "1")
-    assert _set_up_runner(monkeypatch, spec=False)._ppspec_skip_state_replay is False
+    assert _set_up_runner(monkeypatch, spec=False)._ppspec_faults.skip_state_replay is False
     monkeypatch.delenv(FAULT_SKIP_STATE_REPLAY)
-    assert _set_up_runner(monkeypatch, spec=True)._ppspec_skip_state_replay is False
+    assert _set_up_runner(monkeypatch, spec=True)._ppspec_faults.skip_state_replay is False
 
 
 def test_overrides_call_straight_through_before_set_up():
     """vLLM's own __init__ may reach an override before _ppspec_setup ran."""
     from vllm.sequence import IntermediateTensors
 
-    from vllm_ppspec.runner import PPSpecRunnerMixin
+    from vllm_ppspec.runner.mixin import PPSpecRunnerMixin
 
     class Runner(PPSpecRunnerMixin, _UpstreamRunner):
         pass
@@ -369,14 +366,14 @@ def test_overrides_call_straight_through_before_set_up():
     )
     assert isinstance(runner.execute_model(sched, None), IntermediateTensors)
     assert runner.corrections == 0  # vLLM's own order: not run on a non-last rank
-    assert runner.ppspec_steps == 0  # an empty step is not counted
+    assert runner.ppspec_clocks.steps == 0  # an empty step is not counted
 
 
 def test_eagle3_under_pp_refuses_a_target_without_aux_hidden_states_over_pp():
     """vLLM's V2-runner check, called by the mixin before it sets up the relay."""
     from types import SimpleNamespace
 
-    from vllm_ppspec.runner import require_aux_hidden_states_over_pp
+    from vllm_ppspec.runner.eagle3 import require_aux_hidden_states_over_pp
 
     class Decoder:  # a decoder without supports_aux_hidden_states_over_pp
         pass

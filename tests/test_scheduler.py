@@ -8,8 +8,8 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.outputs import DraftTokenIds
 from vllm.v1.request import RequestStatus
 
-from vllm_ppspec.draft_delivery import attach_drafts, attached_drafts
-from vllm_ppspec.scheduler import PPSpecScheduler
+from vllm_ppspec.sched.draft_delivery import attach_drafts, attached_drafts
+from vllm_ppspec.sched.filled import PPSpecScheduler
 
 
 def _request(status=RequestStatus.RUNNING, in_flight=0):
@@ -100,7 +100,7 @@ def test_held_requests_sit_out_one_schedule_call_and_return_in_place(monkeypatch
 
 
 def _lane_scheduler(lanes: int, lane_of: dict, waiting: int = 0, structured=()):
-    from vllm_ppspec.lane_scheduler import PPSpecLaneScheduler
+    from vllm_ppspec.sched.lanes import PPSpecLaneScheduler
 
     sched = object.__new__(PPSpecLaneScheduler)
     sched.ppspec_lanes = lanes
@@ -141,7 +141,7 @@ def test_structured_output_requests_wait_for_their_previous_output():
 
 
 def test_admission_cap_shrinks_the_request_limits_for_one_call(monkeypatch):
-    from vllm_ppspec.scheduler import schedule_without
+    from vllm_ppspec.sched.filled import schedule_without
 
     seen = {}
 
@@ -161,7 +161,7 @@ def test_admission_cap_shrinks_the_request_limits_for_one_call(monkeypatch):
 def test_batches_in_flight_logs_each_new_maximum(caplog):
     import logging
 
-    from vllm_ppspec.scheduler import BatchesInFlight
+    from vllm_ppspec.sched.filled import BatchesInFlight
 
     batches = BatchesInFlight()
     full, empty = (SimpleNamespace(total_num_scheduled_tokens=n) for n in (4, 0))

@@ -15,14 +15,14 @@ import sys
 import pytest
 
 from tests.conftest import MODELS_DIR
-from vllm_ppspec import demo
-from vllm_ppspec.testing import real_model
+from vllm_ppspec_tools import demo
+from vllm_ppspec_tools.fixtures import real_model
 
 
 def _run_demo(*args: str, start: str = "fork") -> str:
     """Run the demo; ``start="spawn"`` runs vLLM's processes as a user's are."""
     proc = subprocess.run(
-        [sys.executable, "-m", "vllm_ppspec.demo", *args],
+        [sys.executable, "-m", "vllm_ppspec_tools.demo", *args],
         env={**os.environ, "PPSPEC_VLLM_START": start},
         capture_output=True,
         text=True,

@@ -13,8 +13,8 @@ import torch
 import torch.distributed as dist
 
 from tests.distributed import run_ranks
-from vllm_ppspec.accounting import next_tokens_and_counts
-from vllm_ppspec.transport import RoundChannel, RoundDivergenceError
+from vllm_ppspec.protocol.accounting import next_tokens_and_counts
+from vllm_ppspec.protocol.rounds import RoundChannel, RoundDivergenceError
 
 K = 3
 LAST = 1

@@ -66,7 +66,7 @@ def _load_plugins_then(before: str, check: str) -> subprocess.CompletedProcess[s
         before
         + "from vllm.plugins import load_general_plugins; load_general_plugins()\n"
         + "from vllm.config import VllmConfig\n"
-        + "from vllm_ppspec import config_patches\n"
+        + "from vllm_ppspec.patches import config as config_patches\n"
         + "patched = getattr(VllmConfig, config_patches._PATCHED_FLAG, False)\n"
         + check
     )
@@ -97,7 +97,7 @@ def _copy_source(where: str) -> str:
     import importlib
     import inspect
 
-    module, _, attr = where.split(" ")[0].partition(".")
+    module, _, attr = where.split(" ")[0].partition(":")
     obj: object = importlib.import_module(f"vllm_ppspec.{module}")
     for part in attr.split("."):
         obj = getattr(obj, part)
@@ -107,9 +107,11 @@ def _copy_source(where: str) -> str:
 def test_every_copy_of_upstream_logic_is_pinned_and_names_its_upstream_function():
     pinned = {where for _, _, _, where in version_guard.MIRRORED_FUNCTIONS}
     for copy in (
-        "runner.PPSpecRunnerMixin._ppspec_trim_optimistic_outputs",
-        "runner.PPSpecRunnerMixin._ppspec_record_placeholders",
-        "runner.PPSpecRunnerMixin._ppspec_sample_tokens (non-last branch)",
+        "runner.two_batch:TwoBatchSteps.trim_optimistic_outputs",
+        "runner.two_batch:TwoBatchSteps.record_placeholders",
+        "runner.two_batch:TwoBatchSteps.sample_other",
+        "runner.sync_steps:SyncSteps.restore_output_tokens",
+        "protocol.accounting:next_tokens_and_counts",
     ):
         assert copy in pinned, copy
     for module, qualname, _, where in version_guard.MIRRORED_FUNCTIONS:

@@ -27,6 +27,6 @@ def register() -> None:
             UNSUPPORTED_WARNING.format(found=found, supported=PINNED_VLLM_VERSION)
         )
         return
-    from vllm_ppspec.config_patches import install
+    from vllm_ppspec.patches.config import install
 
     install()

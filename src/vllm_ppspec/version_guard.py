@@ -17,7 +17,7 @@ PINNED_VLLM_VERSION = "0.32.0"
 # discard_request_mask, num_accepted_tokens, _draft_token_ids, ...) cannot be
 # checked without building a runner; the end-to-end tests cover them.
 PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
-    # Runner methods overridden or called by the mixin (runner.py).
+    # Runner methods overridden or called by the mixin (runner/mixin.py).
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.execute_model"),
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.sample_tokens"),
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._update_states"),
@@ -43,7 +43,7 @@ PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._model_forward"),
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._setup_eagle3_aux_hidden_state_outputs"),
     ("vllm.v1.worker.cpu_model_runner", "CPUModelRunner"),
-    # The async spec-decode correction, run eagerly on CPU (cpu_eager_correction.py).
+    # The async spec-decode correction, run eagerly on CPU (patches/cpu_eager.py).
     ("vllm.v1.worker.gpu_model_runner", "update_num_computed_tokens_for_batch_change"),
     (
         "vllm.v1.spec_decode.utils",
@@ -71,10 +71,10 @@ PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
     ),
     ("vllm.v1.spec_decode.llm_base_proposer", "SpecDecodeBaseProposer.propose"),
     ("vllm.v1.spec_decode.llm_base_proposer", "SpecDecodeBaseProposer.dummy_run"),
-    # vLLM's embedding-sharing decision, replayed under PP (embedding_share.py).
+    # vLLM's embedding-sharing decision, replayed under PP (runner/embedding_share.py).
     ("vllm.v1.spec_decode.llm_base_proposer", "SpecDecodeBaseProposer._maybe_share_embeddings"),
     ("vllm.v1.spec_decode.draft_model", "DraftModelProposer._maybe_share_embeddings"),
-    # DP agreement (dp_agreement.py): wrapped on the drafter instance at DP > 1.
+    # DP agreement (protocol/dp_agreement.py): wrapped on the drafter instance at DP > 1.
     (
         "vllm.v1.spec_decode.llm_base_proposer",
         "SpecDecodeBaseProposer._determine_batch_execution_and_padding",
@@ -89,7 +89,7 @@ PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
     ("vllm.v1.worker.gpu_worker", "Worker._make_model_runner"),
     ("vllm.v1.worker.cpu_worker", "CPUWorker.init_device"),
     ("vllm.v1.worker.cpu_worker", "CPUModelRunner"),
-    # cpu_moe_collectives.py sets these two on CpuCommunicator (which inherits
+    # patches/cpu_moe.py sets these two on CpuCommunicator (which inherits
     # the base class's NotImplementedError ones); the MoE all2all manager calls them.
     ("vllm.distributed.device_communicators.cpu_communicator", "CpuCommunicator"),
     (
@@ -112,7 +112,7 @@ PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
     ("vllm.v1.core.sched.scheduler", "Scheduler.update_draft_token_ids"),
     ("vllm.v1.core.sched.scheduler", "Scheduler.schedule"),
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.take_draft_token_ids"),
-    # Async lanes (lane_scheduler.py): vLLM's async scheduler, subclassed, and
+    # Async lanes (sched/lanes.py): vLLM's async scheduler, subclassed, and
     # its post-schedule bookkeeping, extended for structured-output requests.
     ("vllm.v1.core.sched.async_scheduler", "AsyncScheduler"),
     ("vllm.v1.core.sched.async_scheduler", "AsyncScheduler._update_after_schedule"),
@@ -120,7 +120,8 @@ PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
 
 
 # Upstream functions whose logic vllm-ppspec copies (module, qualname, sha256 of
-# the source, first 16 hex digits; where the copy lives). The name check above
+# the source, first 16 hex digits; where the copy lives, "module:qualname" under
+# vllm_ppspec). The name check above
 # cannot see a changed body; tests/test_version_guard.py recomputes these hashes,
 # so a vLLM upgrade flags every copy to re-read.
 MIRRORED_FUNCTIONS: tuple[tuple[str, str, str, str], ...] = (
@@ -128,61 +129,73 @@ MIRRORED_FUNCTIONS: tuple[tuple[str, str, str, str], ...] = (
         "vllm.v1.spec_decode.llm_base_proposer",
         "SpecDecodeBaseProposer._maybe_share_embeddings",
         "7c93570a79fb20a3",
-        "embedding_share.share_mode",
+        "runner.embedding_share:share_mode",
     ),
     (
         "vllm.v1.spec_decode.draft_model",
         "DraftModelProposer._maybe_share_embeddings",
         "bb8801e35560befc",
-        "embedding_share.share_mode",
+        "runner.embedding_share:share_mode",
     ),
     (
         "vllm.v1.worker.gpu_model_runner",
         "GPUModelRunner._update_states",
         "326599f31b273b94",
-        "runner.PPSpecRunnerMixin._ppspec_trim_optimistic_outputs",
+        "runner.two_batch:TwoBatchSteps.trim_optimistic_outputs",
+    ),
+    (
+        "vllm.v1.worker.gpu_model_runner",
+        "GPUModelRunner._update_states",
+        "326599f31b273b94",
+        "runner.sync_steps:SyncSteps.restore_output_tokens",
+    ),
+    (
+        "vllm.v1.spec_decode.llm_base_proposer",
+        "SpecDecodeBaseProposer.prepare_next_token_ids_padded",
+        "bf1490e5069ca564",
+        "protocol.accounting:next_tokens_and_counts",
     ),
     (
         "vllm.v1.worker.gpu_model_runner",
         "GPUModelRunner._pp_receive_prev_sampled_token_ids_to_input_batch",
         "70c587415ba6588c",
-        "runner.PPSpecRunnerMixin._ppspec_record_placeholders",
+        "runner.two_batch:TwoBatchSteps.record_placeholders",
     ),
     (
         "vllm.v1.worker.gpu_model_runner",
         "GPUModelRunner.sample_tokens",
         "047e6a4738dead56",
-        "runner.PPSpecRunnerMixin._ppspec_sample_tokens (non-last branch)",
+        "runner.two_batch:TwoBatchSteps.sample_other",
     ),
     (
         "vllm.v1.spec_decode.llm_base_proposer",
         "SpecDecodeBaseProposer.propose",
         "00017c139f27a3e7",
-        "dp_agreement.forwards_of_propose (its number of drafter forwards)",
+        "protocol.dp_agreement:forwards_of_propose (its number of drafter forwards)",
     ),
     (
         "vllm.v1.spec_decode.llm_base_proposer",
         "SpecDecodeBaseProposer.dummy_run",
         "5e2e533fb829b334",
-        "dp_agreement.forwards_of_dummy_run (its number of drafter forwards)",
+        "protocol.dp_agreement:forwards_of_dummy_run (its number of drafter forwards)",
     ),
     (
         "vllm.v1.spec_decode.llm_base_proposer",
         "SpecDecodeBaseProposer._determine_batch_execution_and_padding",
         "6919756134947839",
-        "dp_agreement.install (agrees at its first call in a drafter run)",
+        "protocol.dp_agreement:install (agrees at its first call in a drafter run)",
     ),
     (
         "vllm.v1.core.sched.scheduler",
         "Scheduler._make_cached_request_data",
         "8aeb1dc3ba937dd2",
-        "lanes.make_sync_shaped (new_token_ids as its sync-PP branch builds them)",
+        "protocol.lane_book:make_sync_shaped (new_token_ids as its sync-PP branch builds them)",
     ),
     (
         "vllm.utils.cpu_triton_utils",
         "_expand_kernel_impl",
         "b0d7df291932f1c3",
-        "cpu_expand_fix.expand_kernel (replaces it; drop it once upstream's writes its output)",
+        "patches.cpu_expand:expand_kernel (replaces it; drop it once upstream's writes its output)",
     ),
 )
 

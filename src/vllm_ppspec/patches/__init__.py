@@ -1,0 +1,104 @@
+"""Every change the plugin makes to vLLM outside its own classes, in one registry.
+
+Two places, by when they apply:
+
+* ``config``: in every vLLM process (API server, engine core, workers), from
+  the general-plugin hook (:func:`vllm_ppspec.plugin.register`) before any
+  config is built. Each wrapper calls vLLM's function unchanged unless the
+  plugin's worker is selected.
+* ``worker``: inside the plugin's CPU worker, at ``init_device``, before the
+  runner and the distributed groups are built. vLLM's own worker never gets
+  them.
+
+The plugin's own subclasses (worker, runner, schedulers) are not patches: they
+are selected by name (``--worker-cls``, and the config patch that sets the
+scheduler class). ``tests/test_patches_registry.py`` checks that this registry
+names exactly what ``version_guard.PATCHED_NAMES`` pins and what the modules
+install.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Patch:
+    module: str  # the plugin module that installs it
+    when: str  # "config" (every vLLM process) or "worker" (the plugin's CPU worker)
+    targets: tuple[str, ...]  # vLLM names replaced or wrapped, "module:qualname"
+    why: str
+    how: str
+    upstream: str  # vLLM issue / PR or source location behind it
+    remove_when: str
+
+
+REGISTRY: tuple[Patch, ...] = (
+    Patch(
+        module="vllm_ppspec.patches.config",
+        when="config",
+        targets=(
+            "vllm.config.vllm:VllmConfig._get_v1_model_runner_unsupported_features",
+            "vllm.config.vllm:VllmConfig.use_v2_model_runner",
+            "vllm.config.vllm:VllmConfig.max_concurrent_batches",
+            "vllm.config.vllm:VllmConfig.__post_init__",
+            "vllm.platforms.cpu:CpuPlatform.check_and_update_config",
+            "vllm.v1.engine.core:EngineCore.post_step",
+        ),
+        why=(
+            "vLLM refuses PP + async scheduling on the V1 runner, picks the V2 runner, keeps "
+            "one batch in flight under PP + spec, turns --async-scheduling off on CPU, and "
+            "fetches drafts with a call that waits for the batch to leave the pipeline."
+        ),
+        how=(
+            "Wrappers that call vLLM's function unchanged unless the plugin worker is "
+            "selected; with it, under PP + spec: the plugin's refusals instead of vLLM's, "
+            "the V1 runner, PP (sync) or PP + 1 (lanes) batches, the plugin's scheduler, "
+            "no post_step draft fetch."
+        ),
+        upstream="vLLM #45014 (PP + async refusal), #46994, #52071 (PP + spec on V1)",
+        remove_when="vLLM runs speculative decoding under PP on the runner users run",
+    ),
+    Patch(
+        module="vllm_ppspec.patches.cpu_expand",
+        when="worker",
+        targets=("vllm.v1.sample.rejection_sampler:expand_kernel",),
+        why=(
+            "vLLM's CPU fallback (cpu_triton_utils._expand_kernel_impl) writes into a "
+            "temporary int64 copy: greedy rows change beside sampled ones."
+        ),
+        how="registers a torch expand_kernel over vLLM's fallback when Triton is absent",
+        upstream="vllm/utils/cpu_triton_utils.py:_expand_kernel_impl (unchanged in 0.33.0)",
+        remove_when="vLLM's CPU expand fallback writes into its output tensor",
+    ),
+    Patch(
+        module="vllm_ppspec.patches.cpu_eager",
+        when="worker",
+        targets=("vllm.v1.worker.gpu_model_runner:update_num_computed_tokens_for_batch_change",),
+        why="inductor compiles the async spec-decode correction mid-serving on CPU (~2.6 s)",
+        how="points the runner module's name at the uncompiled function",
+        upstream="vllm/v1/spec_decode/utils.py (torch.compile with the CPU compile backend)",
+        remove_when="vLLM runs that correction eagerly on CPU",
+    ),
+    Patch(
+        module="vllm_ppspec.patches.cpu_moe",
+        when="worker",
+        targets=(
+            "vllm.distributed.device_communicators.cpu_communicator:CpuCommunicator.all_gatherv",
+            "vllm.distributed.device_communicators.cpu_communicator:CpuCommunicator.reduce_scatterv",
+        ),
+        why="vLLM's CPU communicator raises NotImplementedError: MoE at DP > 1 fails on CPU",
+        how="gloo all_gather / all_reduce implementations on the communicator's group",
+        upstream="DeviceCommunicatorBase.all_gatherv / reduce_scatterv (vLLM 0.32)",
+        remove_when="tests/test_e2e_dp.py::test_stock_worker_still_fails... starts failing",
+    ),
+    Patch(
+        module="vllm_ppspec.runner.cpu_worker",
+        when="worker",
+        targets=("vllm.v1.worker.cpu_worker:CPUModelRunner",),
+        why="CPUWorker.init_device builds its runner by this module-level name",
+        how="points the name at the plugin's CPU runner for that one call, then restores it",
+        upstream="vllm/v1/worker/cpu_worker.py:CPUWorker.init_device",
+        remove_when="vLLM lets a worker choose its runner class",
+    ),
+)

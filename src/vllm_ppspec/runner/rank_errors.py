@@ -1,0 +1,135 @@
+"""An error on a rank vLLM does not read replies from ends the engine.
+
+vLLM's mp executor sends each ``execute_model`` / ``sample_tokens`` call to
+every worker but reads the reply of one rank only (the last PP stage's first
+TP rank). An exception on another rank is logged there and dropped
+(``WorkerProc._execute_worker_rpc`` in vllm/v1/executor/multiproc_executor.py),
+and the engine carries on: under PP + speculative decoding that means a round
+whose state was not applied on that rank, and wrong tokens later.
+
+With the plugin active, such a rank logs the error and ends its process; vLLM's
+worker monitor (``MultiprocExecutor.start_worker_monitor``) then shuts the
+executor down and the engine fails (requests get an error, ``/health`` stops
+answering 200). Errors that every rank raises in step (``RoundDivergenceError``)
+are left to the output rank, which reports them with their message.
+
+A PP peer that dies (killed, out of memory) leaves the other ranks blocked in a
+pipeline receive that never returns, so they ignore vLLM's shutdown request
+and are killed only after its grace periods (about 9 s in all).
+:func:`watch_pp_peers` ends a worker as soon as one of its PP peers is gone.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+from vllm.distributed.parallel_state import get_pp_group, get_tp_group
+from vllm.logger import init_logger
+
+from vllm_ppspec.protocol.rounds import RoundDivergenceError
+
+logger = init_logger(__name__)
+EXIT_CODE = 70  # EX_SOFTWARE
+
+
+class MissingStashError(RuntimeError):
+    """A non-last PP rank reached ``sample_tokens`` without what its
+    ``execute_model`` left for it (two-batch mode: the scheduler output; lanes:
+    the step's rows)."""
+
+    @classmethod
+    def on_rank(cls, rank: int, what: str) -> MissingStashError:
+        return cls(
+            f"PP rank {rank}: sample_tokens was called without {what}; this rank "
+            "cannot apply the speculative rounds the last rank sends."
+        )
+
+
+def is_output_rank() -> bool:
+    """The rank whose replies vLLM's executor reads: last PP stage, first TP rank."""
+    return get_pp_group().is_last_rank and get_tp_group().rank_in_group == 0
+
+
+def end_worker(error: BaseException, what: str) -> None:
+    """Log ``what`` happened and end this process (vLLM's monitor sees it die)."""
+    logger.error(
+        "vllm-ppspec: %s on PP rank %d: ending this worker so that vLLM stops the "
+        "engine. Error: %r",
+        what,
+        get_pp_group().rank_in_group,
+        error,
+        exc_info=error,
+    )
+    for handler in logging.getLogger("vllm").handlers:
+        handler.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(EXIT_CODE)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def watch_pp_peers(cpu_group: Any, interval_s: float = 0.2) -> list[int]:
+    """Learn the PP peers' pids (one all-gather on the PP group's gloo group,
+    every rank, once, at runner set-up) and end this worker when one is gone."""
+    import torch.distributed as dist
+
+    pids: list[Any] = [None] * dist.get_world_size(cpu_group)
+    dist.all_gather_object(pids, os.getpid(), group=cpu_group)
+    peers = [int(p) for p in pids if int(p) != os.getpid()]
+
+    def watch() -> None:
+        while True:
+            time.sleep(interval_s)
+            for pid in peers:
+                if not _alive(pid):
+                    end_worker(RuntimeError(f"process {pid} is gone"), "a PP peer died")
+                    return
+
+    threading.Thread(target=watch, daemon=True, name="ppspec-peer-watch").start()
+    return peers
+
+
+class RankErrorsEndEngine:
+    """Worker mixin: ``execute_model`` and ``sample_tokens`` under the rule above."""
+
+    model_runner: Any
+
+    def _ppspec_guarded(self, call: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except RoundDivergenceError:
+            raise
+        except Exception as e:
+            if getattr(self.model_runner, "ppspec_active", False) and not is_output_rank():
+                end_worker(e, f"{call} failed on a rank whose replies vLLM does not read")
+            raise
+
+    def execute_model(self, *args: Any, **kwargs: Any) -> Any:
+        return self._ppspec_guarded(
+            "execute_model",
+            super().execute_model,  # type: ignore[misc]
+            *args,
+            **kwargs,
+        )
+
+    def sample_tokens(self, *args: Any, **kwargs: Any) -> Any:
+        return self._ppspec_guarded(
+            "sample_tokens",
+            super().sample_tokens,  # type: ignore[misc]
+            *args,
+            **kwargs,
+        )
