@@ -14,6 +14,54 @@ from vllm_ppspec.plugin import register
 register()
 
 
+@pytest.fixture(autouse=True)
+def _no_automatic_worker(monkeypatch):
+    """A config without ``worker_cls`` is vLLM's own worker in these tests
+    (``VLLM_PPSPEC_AUTO=0``), unless a test asks for the automatic selection."""
+    monkeypatch.setenv("VLLM_PPSPEC_AUTO", "0")
+
+
+def test_pp_spec_with_worker_cls_auto_selects_the_plugin_worker(target, models, monkeypatch):
+    monkeypatch.delenv("VLLM_PPSPEC_AUTO")
+    cfg = _config(target, pipeline_parallel_size=2, speculative_config=_draft_copy(models))
+    assert cfg.parallel_config.worker_cls == WORKER_QUALNAME
+    # ... and the plugin's own patches then apply: its scheduler, its batches.
+    assert cfg.scheduler_config.scheduler_cls == "vllm_ppspec.sched.filled.PPSpecScheduler"
+
+
+def test_automatic_selection_changes_nothing_elsewhere_and_can_be_turned_off(
+    target, models, monkeypatch
+):
+    from vllm.platforms import current_platform
+
+    monkeypatch.delenv("VLLM_PPSPEC_AUTO")
+    own = _config(target, pipeline_parallel_size=1, speculative_config=_draft_copy(models))
+    nospec = _config(target, pipeline_parallel_size=2)
+    assert not own.parallel_config.worker_cls.startswith("vllm_ppspec")
+    assert not nospec.parallel_config.worker_cls.startswith("vllm_ppspec")
+    monkeypatch.setenv("VLLM_PPSPEC_AUTO", "0")
+    off = _config(target, pipeline_parallel_size=2, speculative_config=_draft_copy(models))
+    assert not off.parallel_config.worker_cls.startswith("vllm_ppspec")
+    assert current_platform.is_cpu()
+
+
+def test_a_foreign_worker_cls_is_left_alone_with_a_warning(target, models, monkeypatch):
+    from vllm_ppspec.patches import config as config_patches
+
+    monkeypatch.delenv("VLLM_PPSPEC_AUTO")
+    said: list[str] = []
+    monkeypatch.setattr(config_patches, "_log_once", lambda level, msg: said.append(msg))
+    foreign = "vllm.v1.worker.cpu_worker.CPUWorker"
+    cfg = _config(
+        target,
+        pipeline_parallel_size=2,
+        worker_cls=foreign,
+        speculative_config=_draft_copy(models),
+    )
+    assert cfg.parallel_config.worker_cls == foreign
+    assert said == [config_patches.FOREIGN_WARNING.format(worker=foreign)]
+
+
 def _config(model: str, **kwargs):
     from vllm.engine.arg_utils import EngineArgs
 
@@ -187,7 +235,7 @@ def test_async_lanes_switched_off_keep_two_batches_and_warn(target, models, monk
     from vllm_ppspec.patches import config as config_patches
 
     said: list[str] = []
-    monkeypatch.setattr(config_patches, "_warn_once", said.append)
+    monkeypatch.setattr(config_patches, "_log_once", lambda level, msg: said.append(msg))
     common = dict(
         pipeline_parallel_size=2, worker_cls=WORKER_QUALNAME, speculative_config=_draft_copy(models)
     )

@@ -74,7 +74,14 @@ CASES = [
     for method in ("ngram", "draft_copy", "draft_random", "eagle3", "eagle3_aux", "eagle", "mtp")
     for mode in ("sync", "async")
     if not (method == "ngram" and mode == "async")
+] + [
+    # Async scheduling with lanes off (VLLM_PPSPEC_ASYNC_LANES=0): two batches
+    # in flight, each round sent in sample_tokens (runner/two_batch.py).
+    ("draft_copy", "async-two-batch"),
+    ("eagle3", "async-two-batch"),
 ]
+# The mode each case's runner logs (runner/mode.py).
+MODE_LOGGED = {"sync": "sync", "async": "async with lanes", "async-two-batch": "async"}
 
 
 def _check_drafter_embedding_is_its_own(res, checkpoint: str) -> None:
@@ -140,10 +147,11 @@ def pp2_run(models):
                     models[target],
                     pp=2,
                     spec=spec,
-                    async_scheduling=(mode == "async"),
+                    async_scheduling=mode.startswith("async"),
                     probe_drafter_embedding=method.startswith("draft_"),
                     probe_drafter_layers=method.startswith("eagle"),
-                    then=THEN.get(method, []),
+                    then=THEN.get(method, []) if mode != "async-two-batch" else [],
+                    env={"VLLM_PPSPEC_ASYNC_LANES": "0"} if mode == "async-two-batch" else {},
                 )
             )
         return cache[method, mode]
@@ -161,6 +169,8 @@ def test_pp2_spec_matches_pp1_without_spec(
     res = pp2_run(method, mode)
     assert res.returncode == 0, res.log[-8000:]
     assert res.outputs == baseline[target]
+    said = f"speculative method {spec['method']}, k={K}, {MODE_LOGGED[mode]} scheduling"
+    assert res.log.count(said) == 2, f"expected both PP ranks to log {said!r}"
     _check_acceptance(method, res.result["spec"])
     if probe:
         _check_drafter_embedding_is_its_own(res, spec["model"])
@@ -174,7 +184,8 @@ def test_pp2_spec_matches_pp1_without_spec(
         want = pp1_spec_metrics(method)
         if mode == "async":
             _allow_padded_first_steps(got, want)
-        assert got == want, (got, want)
+        if mode != "async-two-batch":  # its batches are composed differently again
+            assert got == want, (got, want)
 
 
 def _allow_padded_first_steps(got: dict, want: dict) -> None:
@@ -251,6 +262,8 @@ def test_pp3_spec_matches_pp1_without_spec(models, baseline, method, mode):
     )
     assert res.returncode == 0, res.log[-8000:]
     assert res.outputs == baseline[target]
+    said = f"speculative method {spec['method']}, k={K}, {MODE_LOGGED[mode]} scheduling"
+    assert res.log.count(said) == 2, f"expected both PP ranks to log {said!r}"
     _check_acceptance(method, res.result["spec"])
     if eagle3:
         # The last stage holds 1 of the 4 layers: its drafter is still numbered
@@ -292,6 +305,20 @@ def test_stock_worker_still_fails_with_pp_and_spec(models):
     res = run_job(job(models[target], pp=2, spec=spec, worker="stock"), timeout=300)
     assert res.returncode != 0
     assert "has no attribute 'drafter'" in res.log
+
+
+def test_pp2_spec_without_worker_cls_selects_the_plugin_and_matches_pp1(models, baseline):
+    """No ``worker_cls`` at all (vLLM's ``auto``): the plugin's hook selects its
+    worker, says so once, and the tokens are PP=1's."""
+    from vllm_ppspec.patches.config import AUTO_NOTICE
+
+    target, spec = tiny_spec(models, "draft_copy", K)
+    res = run_job(job(models[target], pp=2, spec=spec, worker="auto"))
+    assert res.returncode == 0, res.log[-8000:]
+    assert res.outputs == baseline[target]
+    assert AUTO_NOTICE in res.log
+    assert res.log.count(f"speculative method draft_model, k={K}, sync scheduling") == 2
+    _check_acceptance("draft_copy", res.result["spec"])
 
 
 def test_pp2_compile_mode_with_warmup_dummy_runs(models, baseline):

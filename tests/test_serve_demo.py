@@ -1,5 +1,6 @@
-"""The README's main job: real `vllm serve` (PP=1 reference, then PP=2 + spec with
-the plugin worker) queried through the OpenAI client; token ids must match.
+"""The README's main job: real `vllm serve` (PP=1 reference, then PP=2 + spec
+with no --worker-cls: the plugin selects its worker) queried through the
+OpenAI client; token ids must match.
 
 Default: the real model (SmolLM2-135M-Instruct) with ngram on copy-heavy chat
 prompts; ``--tiny``: the tiny random-weight models, with every method's drafter.
@@ -39,7 +40,9 @@ def _run_demo(*args: str, start: str = "fork") -> str:
 def test_demo_default_real_model_pp2_ngram_matches_pp1_through_openai_api():
     out = _run_demo(start="spawn")  # the README's main job, exactly as a user runs it
     assert "Falling back" not in out, out[-3000:]
-    assert "vllm serve smollm2, PP=2 + ngram (k=3), sync scheduling" in out
+    assert "vllm serve smollm2, PP=2 + ngram (k=3), sync scheduling, no --worker-cls" in out
+    # The user's plain command: the plugin selected its own worker.
+    assert "vllm-ppspec selected its worker: vllm_ppspec.worker.PPSpecWorker" in out
     assert out.count("token ids MATCH PP=1 no-spec") == 6
     assert "Paris" in out  # real English from the real weights
     m = re.search(r"draft tokens proposed: (\d+), accepted: (\d+)", out)
@@ -58,7 +61,8 @@ def test_demo_tiny_pp2_spec_matches_pp1_through_openai_api(models, method, mode)
     extra = ["--async-scheduling"] if mode == "async" else []
     out = _run_demo("--tiny", "--method", method, *extra)
     assert out.count("token ids MATCH PP=1 no-spec") == 4
-    assert f"{mode} scheduling, worker vllm_ppspec.worker.PPSpecWorker" in out
+    assert f"{mode} scheduling, no --worker-cls" in out
+    assert "vllm-ppspec selected its worker: vllm_ppspec.worker.PPSpecWorker" in out
 
 
 def test_demo_falls_back_to_tiny_models_when_the_wheel_is_unavailable(models, monkeypatch, capsys):

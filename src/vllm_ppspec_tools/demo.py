@@ -31,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from vllm_ppspec import WORKER_QUALNAME
+from vllm_ppspec.patches.config import AUTO_NOTICE
 from vllm_ppspec_tools import paths
 from vllm_ppspec_tools.fixtures import spec_configs
 from vllm_ppspec_tools.fixtures.run_offline import cpu_env
@@ -182,17 +183,21 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"== vllm serve {work.name}, PP=2 + {args.method} "
         f"(k={args.num_speculative_tokens}), "
-        f"{'async' if args.async_scheduling else 'sync'} scheduling, worker {WORKER_QUALNAME}",
+        f"{'async' if args.async_scheduling else 'sync'} scheduling, no --worker-cls",
         flush=True,
     )
     srv = Server(
         "pp2-spec",
-        [*common, *pp_spec_args(2, work.spec, args.async_scheduling)],
+        [*common, *pp_spec_args(2, work.spec, args.async_scheduling, worker_cls=False)],
         cpu_env(2),
         log_dir,
     )
     try:
         print(f"ready in {srv.wait_ready():.0f}s", flush=True)
+        if AUTO_NOTICE not in srv.log_path.read_text():
+            print(f"the plugin did not select its worker; log: {srv.log_path}", flush=True)
+            return 1
+        print(f"vllm-ppspec selected its worker: {WORKER_QUALNAME}", flush=True)
         t0 = time.monotonic()
         got = complete_all(srv.base, work)
         elapsed = time.monotonic() - t0

@@ -2,7 +2,8 @@
 
 Installed by :func:`vllm_ppspec.plugin.register` in every vLLM process. Each
 patch wraps one vLLM function and calls it unchanged unless
-``parallel_config.worker_cls`` names a vllm-ppspec worker:
+``parallel_config.worker_cls`` names a vllm-ppspec worker (which it does by
+itself under PP + spec when left at ``auto``, see ``__post_init__``):
 
 * ``VllmConfig._get_v1_model_runner_unsupported_features``: under PP +
   speculative decoding, drops "pipeline parallelism with async scheduling"
@@ -23,7 +24,9 @@ patch wraps one vLLM function and calls it unchanged unless
   next batch of the lane whose round is on its way (2 with
   ``VLLM_PPSPEC_ASYNC_LANES=0``, the earlier mode: vLLM's async spec-decode
   correction then assumes the scheduler lags the worker by exactly one step).
-* ``VllmConfig.__post_init__`` (PP + spec): selects the plugin's scheduler,
+* ``VllmConfig.__post_init__`` (PP + spec): first, with ``--worker-cls auto``
+  (vLLM's default), selects the plugin's worker (:func:`select_worker`;
+  ``VLLM_PPSPEC_AUTO=0`` keeps vLLM's own). Then selects the plugin's scheduler,
   :class:`vllm_ppspec.sched.filled.PPSpecScheduler` under sync scheduling (it
   applies each batch's drafts when that batch's output is processed) and
   :class:`vllm_ppspec.sched.lanes.PPSpecLaneScheduler` under async
@@ -55,6 +58,8 @@ ONE_BATCH_ENV = "VLLM_PPSPEC_ONE_BATCH"
 # Set to 0 to keep two batches in flight under PP + spec with async scheduling,
 # the stages taking turns (the plugin's earlier behaviour; for comparison).
 LANES_ENV = "VLLM_PPSPEC_ASYNC_LANES"
+# Set to 0 to keep vLLM's own worker when --worker-cls is left at "auto".
+AUTO_ENV = "VLLM_PPSPEC_AUTO"
 SCHEDULER_QUALNAME = "vllm_ppspec.sched.filled.PPSpecScheduler"
 LANE_SCHEDULER_QUALNAME = "vllm_ppspec.sched.lanes.PPSpecLaneScheduler"
 
@@ -196,19 +201,51 @@ ASYNC_NOTICE = (
 )
 
 
-def _warn_once(msg: str) -> None:
+AUTO_NOTICE = (
+    "vllm-ppspec: pipeline parallelism with speculative decoding and --worker-cls auto: "
+    f"selected the worker {WORKER_QUALNAME} ({AUTO_ENV}=0 keeps vLLM's own)"
+)
+FOREIGN_WARNING = (
+    "vllm-ppspec: --worker-cls {worker} with pipeline parallelism and speculative "
+    "decoding: vLLM 0.32's own V1 runner fails there at start-up; vllm-ppspec leaves "
+    f"this worker alone (use --worker-cls auto or {WORKER_QUALNAME})"
+)
+
+
+def select_worker(vllm_config: Any) -> None:
+    """PP > 1 with a speculative config and ``--worker-cls auto``: the plugin's worker.
+
+    Runs before vLLM's ``VllmConfig.__post_init__`` (whose platform hook turns
+    ``auto`` into vLLM's own worker), in every process that builds a config.
+    ``VLLM_PPSPEC_AUTO=0`` turns it off; an explicit other worker is left alone,
+    with a warning. Every other configuration is left as it is.
+    """
+    parallel = vllm_config.parallel_config
+    if vllm_config.speculative_config is None or parallel.pipeline_parallel_size <= 1:
+        return
+    worker = parallel.worker_cls
+    if worker == "auto":
+        if os.environ.get(AUTO_ENV, "1") != "0":
+            parallel.worker_cls = WORKER_QUALNAME
+            _log_once("info", AUTO_NOTICE)
+    elif not plugin_worker_selected(vllm_config):
+        _log_once("warning", FOREIGN_WARNING.format(worker=worker))
+
+
+def _log_once(level: str, msg: str) -> None:
     from vllm.logger import init_logger
 
-    init_logger("vllm.ppspec").warning_once(msg)
+    getattr(init_logger("vllm.ppspec"), f"{level}_once")(msg)
 
 
 def _wrap_post_init(original: Any) -> Any:
     @functools.wraps(original)
     def wrapper(self: Any) -> None:
+        select_worker(self)
         original(self)
         if spec_pp_active(self) and self.scheduler_config.async_scheduling:
             if not lanes_enabled():
-                _warn_once(ASYNC_NOTICE)
+                _log_once("warning", ASYNC_NOTICE)
         qualname = plugin_scheduler(self)
         if qualname is None:
             return
