@@ -29,6 +29,7 @@ class RankResult:
     error: str | None = None  # exception class name
     message: str = ""
     hung: bool = False
+    exitcode: int | None = None  # of a rank that ended without reporting
 
 
 def _free_port() -> int:
@@ -100,7 +101,11 @@ def run_ranks(
         for p in procs:
             p.start()
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and not all(o.exists() for o in outs):
+        # Until every rank reported, or ended without reporting (a rank a test
+        # kills: reported as hung, with its exit code).
+        while time.monotonic() < deadline and not all(
+            o.exists() or p.exitcode is not None for o, p in zip(outs, procs, strict=True)
+        ):
             time.sleep(0.05)
         for p in procs:
             p.join(timeout=5)
@@ -108,6 +113,8 @@ def run_ranks(
                 p.kill()
                 p.join()
         return [
-            pickle.loads(o.read_bytes()) if o.exists() else RankResult(r, hung=True)
+            pickle.loads(o.read_bytes())
+            if o.exists()
+            else RankResult(r, hung=True, exitcode=procs[r].exitcode)
             for r, o in enumerate(outs)
         ]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from vllm_ppspec.protocol import faults
@@ -87,22 +89,52 @@ def test_fault_switches_parse_once_and_refuse_bad_values(monkeypatch):
             faults.Faults.from_env()
 
 
-def test_a_dead_pp_peer_ends_the_worker(monkeypatch):
-    import os
-    import subprocess
-    import sys
-    import threading
+def _survive_a_killed_peer(rank: int, world: int):
+    """Every rank connects to its peers; the last is then SIGKILLed; the others
+    must see exactly that rank gone, within seconds."""
+    import signal
+    import time
 
     import torch.distributed as dist
 
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()  # its pid is gone (reaped)
-    monkeypatch.setattr(dist, "get_world_size", lambda group: 2)
+    from vllm_ppspec.runner.peer_watch import connect_peers, first_gone
 
-    def all_gather_object(out, obj, group):
-        out[:] = [obj, dead.pid]
+    group = dist.new_group(backend="gloo")
+    peers = connect_peers(group, "127.0.0.1")
+    assert sorted(peers) == [r for r in range(world) if r != rank]
+    dist.barrier(group=group)
+    if rank == world - 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    t0 = time.monotonic()
+    gone, seen = first_gone(peers)
+    seconds = time.monotonic() - t0
+    time.sleep(2)  # stay up: the other survivor must see the killed rank, not this one
+    return gone, seen, seconds
 
-    monkeypatch.setattr(dist, "all_gather_object", all_gather_object)
+
+def test_a_killed_pp_peer_is_seen_gone_by_every_other_rank_within_seconds():
+    from tests.distributed import run_ranks
+
+    results = run_ranks(_survive_a_killed_peer, world=3, timeout=60)
+    assert results[2].hung and results[2].exitcode == -9  # SIGKILLed, never reported
+    for r in results[:2]:
+        assert r.error is None and not r.hung, r.message
+        gone, seen, seconds = r.value
+        assert gone == 2 and seen == "its connection closed", r.value
+        assert seconds < 5, r.value
+
+
+def test_the_watcher_ends_the_worker_and_uses_no_process_ids(monkeypatch):
+    """watch_pp_peers: the thread calls end_worker when a peer's connection ends.
+    The peers here are two sockets of this process: no pid could tell them apart."""
+    import socket
+    import threading
+
+    from vllm_ppspec.runner import peer_watch
+
+    ours, theirs = socket.socketpair()
+    monkeypatch.setattr(peer_watch, "connect_peers", lambda group, host: {1: ours})
+    monkeypatch.setattr(os, "kill", lambda *a: pytest.fail("the watcher used a pid"))
     ended = threading.Event()
     seen: list[str] = []
 
@@ -111,7 +143,8 @@ def test_a_dead_pp_peer_ends_the_worker(monkeypatch):
         ended.set()
 
     monkeypatch.setattr(rank_errors, "end_worker", end_worker)
-    assert rank_errors.watch_pp_peers(None, interval_s=0.01) == [dead.pid]
+    assert peer_watch.watch_pp_peers(None, "127.0.0.1") == [1]
+    assert not ended.wait(0.3), "ended while the peer was alive"
+    theirs.close()  # what the kernel does when the peer process ends
     assert ended.wait(5), "the watcher did not notice the dead peer"
-    assert seen[0] == f"a PP peer died: process {dead.pid} is gone"
-    assert rank_errors._alive(os.getpid())
+    assert seen == ["a PP peer died: PP rank 1: its connection closed"]

@@ -325,13 +325,14 @@ def _set_up_runner(monkeypatch, spec: bool):
 
     pp = SimpleNamespace(world_size=2, is_last_rank=False, rank_in_group=0, cpu_group=None)
     monkeypatch.setattr(runner_mod, "get_pp_group", lambda: pp)
-    monkeypatch.setattr(runner_mod, "watch_pp_peers", lambda group: [])
+    monkeypatch.setattr(runner_mod, "watch_pp_peers", lambda group, host: [])
     monkeypatch.setattr(runner_mod, "lane_scheduler_selected", lambda config: False)
     runner = Runner()
     runner.speculative_config = SimpleNamespace(method="draft_model") if spec else None
     runner.use_async_scheduling = False
     runner.model_config = SimpleNamespace(is_hybrid=True)
     runner.broadcast_pp_output = False
+    runner.parallel_config = SimpleNamespace(nnodes=1, data_parallel_size=1)
     runner.num_spec_tokens = K if spec else 0
     runner._ppspec_setup()
     return runner

@@ -14,7 +14,8 @@ state:
 * :mod:`~vllm_ppspec.runner.embedding_handover`: the target's embedding for
   the drafter; :mod:`~vllm_ppspec.runner.eagle3`: EAGLE-3 auxiliary states;
 * :mod:`~vllm_ppspec.runner.clocks`: where each rank's time goes;
-* :mod:`~vllm_ppspec.runner.rank_errors`: a failing or dead rank ends the engine.
+* :mod:`~vllm_ppspec.runner.rank_errors` and :mod:`~vllm_ppspec.runner.peer_watch`:
+  a failing rank, or a dead PP peer, ends the engine.
 
 Every vLLM private name the package uses is listed in
 :mod:`vllm_ppspec.version_guard`. PP + spec with the external-launcher
@@ -24,8 +25,8 @@ Collectives the plugin adds, on every rank of the PP group unless said:
 
 * once at set-up, in this order, when the mode is not ``OFF``: the round shape
   ``all_reduce`` (``RoundChannel.agree_shape``; ``LANES`` and ``TWO_BATCH``
-  only), then the peer watcher's ``all_gather_object`` of process ids
-  (``rank_errors.watch_pp_peers``);
+  only), then the peer watcher's ``all_gather_object`` of listening addresses
+  (``peer_watch.watch_pp_peers``);
 * once after ``load_model``, mode not ``OFF``: the embedding hand-over's header
   ``all_reduce``, and if vLLM would share the target's embedding with the
   drafter a digest ``all_reduce`` and, if the drafter's values differ, a
@@ -63,7 +64,7 @@ from vllm_ppspec.runner.drafter_scope import drafter_hidden, isolate_drafter  # 
 from vllm_ppspec.runner.embedding_handover import give_drafter_the_target_embedding  # noqa: E402
 from vllm_ppspec.runner.lane_steps import LaneSteps, lane_scheduler_selected  # noqa: E402
 from vllm_ppspec.runner.mode import Mode, choose_mode  # noqa: E402
-from vllm_ppspec.runner.rank_errors import watch_pp_peers  # noqa: E402
+from vllm_ppspec.runner.peer_watch import watch_pp_peers  # noqa: E402
 from vllm_ppspec.runner.sync_steps import SyncSteps  # noqa: E402
 from vllm_ppspec.runner.two_batch import TwoBatchSteps  # noqa: E402
 from vllm_ppspec.sched.draft_delivery import attach_drafts  # noqa: E402
@@ -184,8 +185,9 @@ class PPSpecRunnerMixin:
                 )
         if self._ppspec_is_last:
             isolate_drafter(self.drafter)  # type: ignore[attr-defined]
-        # Every PP rank, once, here: a dead peer ends this worker (runner/rank_errors.py).
-        watch_pp_peers(pp.cpu_group)
+        # Every PP rank, once, here: a dead peer ends this worker (peer_watch.py),
+        # over the loopback on one host, else on the address vLLM uses for this node.
+        watch_pp_peers(pp.cpu_group, self._ppspec_peer_host())
         logger.info(
             "vllm-ppspec: PP rank %d/%d, speculative method %s, k=%d, %s scheduling",
             pp.rank_in_group,
@@ -194,6 +196,12 @@ class PPSpecRunnerMixin:
             self.num_spec_tokens,
             mode.value,
         )
+
+    def _ppspec_peer_host(self) -> str:
+        from vllm.utils.network_utils import get_ip, get_loopback_ip
+
+        one_host = self.parallel_config.nnodes <= 1  # type: ignore[attr-defined]
+        return get_loopback_ip() if one_host else get_ip()
 
     def _ppspec_install_dp_agreement(self) -> None:
         """On a rank holding a model drafter at DP > 1, install the DP agreement."""

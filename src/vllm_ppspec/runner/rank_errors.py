@@ -13,10 +13,10 @@ executor down and the engine fails (requests get an error, ``/health`` stops
 answering 200). Errors that every rank raises in step (``RoundDivergenceError``)
 are left to the output rank, which reports them with their message.
 
-A PP peer that dies (killed, out of memory) leaves the other ranks blocked in a
-pipeline receive that never returns, so they ignore vLLM's shutdown request
-and are killed only after its grace periods (about 9 s in all).
-:func:`watch_pp_peers` ends a worker as soon as one of its PP peers is gone.
+A PP peer that dies (killed, out of memory, its host gone) leaves the other
+ranks blocked in a pipeline receive that never returns:
+:mod:`vllm_ppspec.runner.peer_watch` ends a worker as soon as one of its PP
+peers is gone, through :func:`end_worker`.
 """
 
 from __future__ import annotations
@@ -24,8 +24,6 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import threading
-import time
 from typing import Any
 
 from vllm.distributed.parallel_state import get_pp_group, get_tp_group
@@ -70,37 +68,6 @@ def end_worker(error: BaseException, what: str) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(EXIT_CODE)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def watch_pp_peers(cpu_group: Any, interval_s: float = 0.2) -> list[int]:
-    """Learn the PP peers' pids (one all-gather on the PP group's gloo group,
-    every rank, once, at runner set-up) and end this worker when one is gone."""
-    import torch.distributed as dist
-
-    pids: list[Any] = [None] * dist.get_world_size(cpu_group)
-    dist.all_gather_object(pids, os.getpid(), group=cpu_group)
-    peers = [int(p) for p in pids if int(p) != os.getpid()]
-
-    def watch() -> None:
-        while True:
-            time.sleep(interval_s)
-            for pid in peers:
-                if not _alive(pid):
-                    end_worker(RuntimeError(f"process {pid} is gone"), "a PP peer died")
-                    return
-
-    threading.Thread(target=watch, daemon=True, name="ppspec-peer-watch").start()
-    return peers
 
 
 class RankErrorsEndEngine:
