@@ -49,8 +49,10 @@ def _args(models, drafter: str, *extra: str) -> list[str]:
     return [*serve_args(models["target"], "tiny", MAX_MODEL_LEN, *extra), *pp_spec_args(2, spec)]
 
 
-def _start(models, tmp_path: Path, name: str, drafter: str, *extra: str) -> Server:
-    srv = Server(name, _args(models, drafter, *extra), cpu_env(2), tmp_path)
+def _start(
+    models, tmp_path: Path, name: str, drafter: str, *extra: str, env: dict | None = None
+) -> Server:
+    srv = Server(name, _args(models, drafter, *extra), {**cpu_env(2), **(env or {})}, tmp_path)
     srv.wait_ready(timeout=300)  # stops the server if it fails
     return srv
 
@@ -85,7 +87,11 @@ def _session_procs(sid: int) -> dict[int, str]:
 
 @pytest.mark.parametrize("victim", ["Worker_PP0", "Worker_PP1"])
 def test_sigkill_of_a_worker_fails_requests_and_the_server_promptly(models, tmp_path, victim):
-    srv = _start(models, tmp_path, f"kill-{victim}", "draft_random")  # 1 token per step
+    # 1 token per step; vLLM's processes spawned, as a user's (each worker then
+    # carries its VLLM::Worker_PPr title, by which it is found and killed).
+    srv = _start(
+        models, tmp_path, f"kill-{victim}", "draft_random", env={"PPSPEC_VLLM_START": "spawn"}
+    )
     try:
         client = _client(srv, timeout=90)
         n_tokens = MAX_MODEL_LEN - 8
