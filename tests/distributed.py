@@ -1,10 +1,13 @@
 """Run a function in N fresh processes joined by a gloo process group.
 
-Ranks are started with the ``spawn`` method: a forked child of the test process
-can inherit a lock held by one of its threads and hang before it reports. Each
-rank writes its result (return value or exception) to a file before exiting; a
-rank that has not written it within ``timeout`` seconds is killed and reported as
-hung, so a test of a collective fails instead of hanging the suite.
+Ranks are started with multiprocessing's ``forkserver`` method: each is forked
+from one server process that imported torch and vLLM's distributed modules once
+(``PRELOAD``), not from the test process, whose threads may hold a lock a fork
+would inherit (a spawned rank paid 5-10 s of imports instead). Each rank gets
+the test process's environment at the call. Each rank writes its result
+(return value or exception) to a file before exiting; a rank that has not
+written it within ``timeout`` seconds is killed and reported as hung, so a test
+of a collective fails instead of hanging the suite.
 """
 
 from __future__ import annotations
@@ -20,6 +23,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+PRELOAD = ["torch", "torch.distributed", "vllm.config", "vllm.distributed", "tests.distributed"]
+_CONTEXT = mp.get_context("forkserver")
+_CONTEXT.set_forkserver_preload(PRELOAD)
 
 
 @dataclass
@@ -45,10 +52,18 @@ def _report(path: Path, result: RankResult) -> None:
 
 
 def _child(
-    fn: Callable[[int, int], Any], rank: int, world: int, port: int, vllm_groups: bool, out: str
+    fn: Callable[[int, int], Any],
+    rank: int,
+    world: int,
+    port: int,
+    vllm_groups: bool,
+    out: str,
+    env: dict[str, str],
 ) -> None:
     path = Path(out)
     try:
+        os.environ.clear()
+        os.environ.update(env)
         os.environ["MASTER_ADDR"] = "127.0.0.1"
         os.environ["MASTER_PORT"] = str(port)
         os.environ["VLLM_DIST_IDENT"] = f"ppspec-test-{port}"
@@ -90,12 +105,13 @@ def run_ranks(
     timeout: float = 120.0,
     vllm_groups: bool = False,
 ) -> list[RankResult]:
-    ctx = mp.get_context("spawn")
+    ctx = _CONTEXT
     port = _free_port()
+    env = dict(os.environ)
     with tempfile.TemporaryDirectory() as d:
         outs = [Path(d) / f"rank{r}.pkl" for r in range(world)]
         procs = [
-            ctx.Process(target=_child, args=(fn, r, world, port, vllm_groups, str(outs[r])))
+            ctx.Process(target=_child, args=(fn, r, world, port, vllm_groups, str(outs[r]), env))
             for r in range(world)
         ]
         for p in procs:

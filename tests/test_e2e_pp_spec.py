@@ -263,7 +263,7 @@ def test_pp3_spec_matches_pp1_without_spec(models, baseline, method, mode):
     assert res.returncode == 0, res.log[-8000:]
     assert res.outputs == baseline[target]
     said = f"speculative method {spec['method']}, k={K}, {MODE_LOGGED[mode]} scheduling"
-    assert res.log.count(said) == 2, f"expected both PP ranks to log {said!r}"
+    assert res.log.count(said) == 3, f"expected all 3 PP ranks to log {said!r}"
     _check_acceptance(method, res.result["spec"])
     if eagle3:
         # The last stage holds 1 of the 4 layers: its drafter is still numbered
