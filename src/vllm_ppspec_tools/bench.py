@@ -58,12 +58,6 @@ from vllm_ppspec_tools import paths
 from vllm_ppspec_tools.fixtures.jobs import run_job
 
 K = 3
-NGRAM = {
-    "method": "ngram",
-    "num_speculative_tokens": K,
-    "prompt_lookup_min": 1,
-    "prompt_lookup_max": 3,
-}
 PROMPT_LEN = 24
 
 
@@ -100,23 +94,25 @@ def _successor_walks(succ: list[int], n: int, max_tokens: int) -> list[dict[str,
 
 
 def _spec(target: str, method: str, models_dir: Path) -> dict[str, Any]:
-    if method == "draft_model":
-        if target == "smollm2":
-            raise SystemExit("--method draft_model: use --target planted or tiny")
-        if target == "planted":
-            from vllm_ppspec_tools.fixtures import bench_model
+    """The speculative config of ``method`` on the benchmark's ``target``
+    (fixtures.spec_configs, but for the planted bench target's own drafter)."""
+    from vllm_ppspec_tools.fixtures import spec_configs
 
-            drafter = bench_model.build_drafter(models_dir)
-        else:
-            from vllm_ppspec_tools.fixtures.tiny_models import build_all
-
-            drafter = build_all(models_dir)["draft_copy"]
-        return {"method": "draft_model", "model": drafter, "num_speculative_tokens": K}
     if target == "smollm2":
-        from vllm_ppspec_tools.fixtures.copy_prompts import NGRAM_LOOKUP
+        if method == "draft_model":
+            raise SystemExit("--method draft_model: use --target planted or tiny")
+        return spec_configs.real("ngram", K, target="", self_drafter="")
+    if target == "tiny":
+        from vllm_ppspec_tools.fixtures.tiny_models import build_all
 
-        return {"method": "ngram", "num_speculative_tokens": K, **NGRAM_LOOKUP}
-    return NGRAM
+        return spec_configs.tiny_spec(build_all(models_dir), method, K)[1]
+    if method == "draft_model":
+        from vllm_ppspec_tools.fixtures import bench_model
+
+        drafter = bench_model.build_drafter(models_dir)
+        return {"method": "draft_model", "model": drafter, "num_speculative_tokens": K}
+    # The planted target repeats short n-grams as the tiny models do.
+    return {"method": "ngram", "num_speculative_tokens": K, **spec_configs.TINY_NGRAM}
 
 
 def _configs(pp: int, spec: dict[str, Any]) -> dict[str, dict[str, Any]]:
