@@ -9,8 +9,9 @@ requests) three ways, interleaved:
   (what every test job did before the fork server);
 * ``forked``: the job forked from the fork server (vLLM imported already),
   engine core still in its own process;
-* ``forked+inproc``: forked, and the engine core in the job's process (what
-  the offline e2e tests run now).
+* ``forked+inproc``: forked, and the engine core in the job's process;
+* ``+vLLM forks``: that, and vLLM forks its workers instead of spawning them
+  (what the offline e2e tests run now; ``PPSPEC_VLLM_START=fork``).
 
 Each part is read off the job's log (vLLM stamps its lines to the second, so
 parts are +-1 s) and from the job's own clocks: the job process up to vLLM's
@@ -79,16 +80,18 @@ def main() -> None:
 
     models = build_all(REPO / ".cache" / "models")
     spec = {"method": "draft_model", "model": models["draft_copy"], "num_speculative_tokens": 3}
-    ways = {
-        "fresh": ("0", "process"),
-        "forked": ("1", "process"),
-        "forked+inproc": ("1", "inproc"),
+    ways = {  # fork server, engine core, how vLLM starts its processes
+        "fresh": ("0", "process", "spawn"),
+        "forked": ("1", "process", "spawn"),
+        "forked+inproc": ("1", "inproc", "spawn"),
+        "+vLLM forks": ("1", "inproc", "fork"),
     }
     figures: dict[str, list[dict[str, float]]] = {w: [] for w in ways}
     run_job(job(models["target"], pp=1, worker="stock"))  # starts the fork server
     for _ in range(args.repeats):
-        for way, (forkserver, core) in ways.items():
+        for way, (forkserver, core, start) in ways.items():
             os.environ["PPSPEC_FORKSERVER"] = forkserver
+            os.environ["PPSPEC_VLLM_START"] = start
             t0 = time.time()
             res = run_job(job(models["target"], pp=2, spec=spec, engine_core=core))
             t1 = time.time()

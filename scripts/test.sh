@@ -4,4 +4,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 # --e2e-budget: see docs/testing.md ("The budget").
-exec .venv/bin/python -m pytest -v -rA --durations=0 --e2e-budget=3900 "$@" tests
+exec .venv/bin/python -m pytest -v -rA --durations=0 --e2e-budget=2400 "$@" tests
