@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_ppspec import WORKER_QUALNAME
+from vllm_ppspec import WORKER_QUALNAME, version_guard
 from vllm_ppspec.plugin import register
 
 register()
@@ -101,11 +101,18 @@ def test_v1_async_pp_refusal_is_lifted_for_pp_spec_with_the_plugin_worker_only(t
 
 
 def test_pp_async_without_spec_keeps_vllms_refusal_with_the_plugin_worker(target):
-    """Without spec the plugin changes nothing, so vLLM's #45014 refusal stands."""
+    """Without spec the plugin changes nothing, so vLLM's #45014 refusal stands
+    (0.32 raises it from the unsupported-features list, 0.33 earlier, in
+    ``__post_init__``: each version's own message)."""
     nospec = _config(target, pipeline_parallel_size=2, worker_cls=WORKER_QUALNAME)
     nospec.scheduler_config.async_scheduling = True
     assert PP_ASYNC in nospec._get_v1_model_runner_unsupported_features()
-    with pytest.raises(ValueError, match="Model Runner V1 does not support: " + PP_ASYNC):
+    refusal = (
+        "Async scheduling is not supported by the V1 model runner with pipeline parallelism"
+        if version_guard.vllm_at_least("0.33.0")
+        else "Model Runner V1 does not support: " + PP_ASYNC
+    )
+    with pytest.raises(ValueError, match=refusal):
         _config(target, pipeline_parallel_size=2, worker_cls=WORKER_QUALNAME, async_scheduling=True)
 
 
@@ -118,6 +125,30 @@ def test_pp_async_spec_config_is_accepted_with_the_plugin_worker(target, models)
         async_scheduling=True,
     )
     assert cfg.scheduler_config.async_scheduling is True
+    # As vLLM's explicit-async branch sets it (0.33: put back by restore_async).
+    assert cfg.parallel_config.disable_nccl_for_dp_synchronization is True
+    assert cfg.scheduler_config.scheduler_cls == "vllm_ppspec.sched.lanes.PPSpecLaneScheduler"
+
+
+def test_pp_async_spec_with_vllms_own_worker_keeps_vllms_refusal(target, models):
+    """The async lift is for the plugin's worker only. With vLLM's own, each
+    version does what it does without the plugin: 0.33 refuses in
+    ``__post_init__``; 0.32's CPU platform turns async scheduling off."""
+
+    def stock():
+        return _config(
+            target,
+            pipeline_parallel_size=2,
+            speculative_config=_draft_copy(models),
+            async_scheduling=True,
+        )
+
+    if version_guard.vllm_at_least("0.33.0"):
+        refusal = "Async scheduling is not supported by the V1 model runner with pipeline"
+        with pytest.raises(ValueError, match=refusal):
+            stock()
+    else:
+        assert stock().scheduler_config.async_scheduling is False
 
 
 def test_cpu_platform_keeps_explicit_async_scheduling_for_the_plugin_worker(target, models):
@@ -134,10 +165,6 @@ def test_cpu_platform_keeps_explicit_async_scheduling_for_the_plugin_worker(targ
         target, pipeline_parallel_size=2, worker_cls=WORKER_QUALNAME, speculative_config=spec
     )
     assert default.scheduler_config.async_scheduling is False
-    stock = _config(
-        target, pipeline_parallel_size=2, speculative_config=spec, async_scheduling=True
-    )
-    assert stock.scheduler_config.async_scheduling is False  # vLLM's CPU behaviour
 
 
 def test_plugin_worker_always_uses_the_v1_runner(target, monkeypatch):
@@ -154,9 +181,10 @@ def test_unsupported_method_under_pp_is_refused_with_the_supported_list(target):
             target,
             pipeline_parallel_size=2,
             worker_cls=WORKER_QUALNAME,
-            speculative_config={"method": "medusa", "model": target, "num_speculative_tokens": 3},
+            # ngram_gpu: a method of vLLM 0.32 and 0.33 the plugin does not run under PP
+            speculative_config={"method": "ngram_gpu", "num_speculative_tokens": 3},
         )
-    assert "'medusa'" in str(e.value)
+    assert "'ngram_gpu'" in str(e.value)
     assert "ngram, draft_model, eagle, eagle3, mtp" in str(e.value)
 
 

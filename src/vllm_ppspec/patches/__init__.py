@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vllm_ppspec.version_guard import SUPPORTED_VLLM_VERSIONS
+
 
 @dataclass(frozen=True)
 class Patch:
@@ -31,6 +33,7 @@ class Patch:
     how: str
     upstream: str  # vLLM issue / PR or source location behind it
     remove_when: str
+    versions: tuple[str, ...] = SUPPORTED_VLLM_VERSIONS  # the vLLM releases that need it
 
 
 REGISTRY: tuple[Patch, ...] = (
@@ -58,6 +61,25 @@ REGISTRY: tuple[Patch, ...] = (
         ),
         upstream="vLLM #45014 (PP + async refusal), #46994, #52071 (PP + spec on V1)",
         remove_when="vLLM runs speculative decoding under PP on the runner users run",
+    ),
+    Patch(
+        module="vllm_ppspec.patches.config",
+        when="config",
+        targets=("vllm.config.vllm:VllmConfig.__post_init__",),
+        why=(
+            "vLLM 0.33 raises 'Async scheduling is not supported by the V1 model runner "
+            "with pipeline parallelism.' inside __post_init__ for an explicit "
+            "--async-scheduling with PP > 1, before any hook the plugin has"
+        ),
+        how=(
+            "under PP + spec with the plugin's worker only: vLLM's checks see "
+            "async_scheduling=False, then the explicit True is put back with what vLLM's "
+            "explicit-async branch does (executor check, DP sync without NCCL): hold_async, "
+            "restore_async"
+        ),
+        upstream="vllm/config/vllm.py:VllmConfig.__post_init__ (0.33.0, v1_async_sched_incompat)",
+        remove_when="vLLM runs PP + spec + async scheduling on the runner users run",
+        versions=("0.33.0",),
     ),
     Patch(
         module="vllm_ppspec.patches.cpu_expand",

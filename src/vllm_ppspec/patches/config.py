@@ -32,7 +32,9 @@ itself under PP + spec when left at ``auto``, see ``__post_init__``):
   :class:`vllm_ppspec.sched.lanes.PPSpecLaneScheduler` under async
   scheduling (requests pinned to lanes); an explicit other ``--scheduler-cls``
   is refused. Where lanes are off it warns once that the stages take turns
-  (:data:`ASYNC_NOTICE`).
+  (:data:`ASYNC_NOTICE`). On vLLM 0.33, which refuses an explicit
+  ``--async-scheduling`` with PP on the V1 runner inside ``__post_init__``
+  itself, it lifts that refusal for PP + spec only (:func:`hold_async`).
 * ``EngineCore.post_step``: skipped with that scheduler. It would fetch the
   latest drafts with a blocking call that waits for the batch to leave the
   pipeline; the drafts come with the batch's output instead
@@ -238,11 +240,57 @@ def _log_once(level: str, msg: str) -> None:
     getattr(init_logger("vllm.ppspec"), f"{level}_once")(msg)
 
 
+def refuses_pp_async_in_post_init() -> bool:
+    """vLLM 0.33's ``__post_init__`` raises "Async scheduling is not supported by the
+    V1 model runner with pipeline parallelism." for an explicit --async-scheduling
+    (0.32 refuses it later, in ``_get_v1_model_runner_unsupported_features``)."""
+    from vllm_ppspec.version_guard import vllm_at_least
+
+    return vllm_at_least("0.33.0")
+
+
+def hold_async(vllm_config: Any) -> bool:
+    """Lift vLLM 0.33's PP + async refusal for PP + spec with the plugin's worker.
+
+    Called before vLLM's ``__post_init__``. When the refusal applies, the
+    explicit ``async_scheduling=True`` is replaced by ``False`` for the length
+    of vLLM's checks (``False`` is an explicit choice: vLLM neither raises nor
+    logs about it) and :func:`restore_async` puts it back. Returns whether it
+    held it. Without spec, or with vLLM's own worker, vLLM's refusal stays.
+    """
+    if not (
+        spec_pp_active(vllm_config)
+        and vllm_config.scheduler_config.async_scheduling is True
+        and refuses_pp_async_in_post_init()
+    ):
+        return False
+    vllm_config.scheduler_config.async_scheduling = False
+    return True
+
+
+def restore_async(vllm_config: Any, dp_sync_unset: bool) -> None:
+    """After vLLM's ``__post_init__``: async scheduling back on, with what vLLM's
+    explicit-async branch does that the plugin needs (executor check, DP
+    synchronisation over gloo instead of NCCL when the user left it unset)."""
+    from vllm.v1.executor.abstract import Executor
+
+    if not Executor.get_class(vllm_config).supports_async_scheduling():
+        backend = vllm_config.parallel_config.distributed_executor_backend
+        raise ValueError(f"`{backend}` does not support async scheduling yet.")
+    vllm_config.scheduler_config.async_scheduling = True
+    if dp_sync_unset:
+        vllm_config.parallel_config.disable_nccl_for_dp_synchronization = True
+
+
 def _wrap_post_init(original: Any) -> Any:
     @functools.wraps(original)
     def wrapper(self: Any) -> None:
         select_worker(self)
+        dp_sync_unset = self.parallel_config.disable_nccl_for_dp_synchronization is None
+        held = hold_async(self)
         original(self)
+        if held:
+            restore_async(self, dp_sync_unset)
         if spec_pp_active(self) and self.scheduler_config.async_scheduling:
             if not lanes_enabled():
                 _log_once("warning", ASYNC_NOTICE)

@@ -50,14 +50,16 @@ def hand_over_embedding(
 
     Called once by every rank of the PP group. The rank holding the drafter
     passes ``mode`` (:class:`vllm_ppspec.runner.embedding_share.ShareMode`: 0 none,
-    1 always, 2 only at equal width, 3 unsupported) and, unless 0, the shape of
-    its embedding; the first rank passes its ``weight``; others pass neither.
+    1 always, 2 only at equal width, 3 unsupported, 4 replace) and, unless 0,
+    the shape of its embedding ((0, 0) for 4: it has none); the first rank
+    passes its ``weight``; others pass neither.
     Collectives, on every rank, in this order:
 
     1. ``all_reduce(MAX)`` of ``[mode, rows, cols, have_rows, have_cols]``.
        Mode 0, or mode 2 with another width: done, nothing more. Mode 3 or a
        shape vLLM could not share: every rank raises
-       :class:`EmbeddingHandoverError` here.
+       :class:`EmbeddingHandoverError` here. Mode 4 goes to step 3 with the
+       first rank's shape.
     2. ``all_reduce(MAX)`` of ``[want_digest, have_digest]``: equal values
        (a drafter that loaded the same embedding from its checkpoint) are done.
     3. ``broadcast`` from ``src`` (the first PP rank) of the weight as float32.
@@ -76,13 +78,17 @@ def hand_over_embedding(
         return None
     if wanted == ShareMode.UNSUPPORTED:
         raise EmbeddingHandoverError(
-            "this drafter shares the target's token embedding in its own way "
-            "(vLLM replaces its embedding module, possibly with another width), which "
-            "vllm-ppspec cannot do across PP stages; run it with "
-            "--pipeline-parallel-size 1 or use an EAGLE/EAGLE-3/MTP/draft_model drafter"
+            "this drafter shares the target's token embedding in a way vllm-ppspec "
+            "cannot replay across PP stages (a proposer with its own sharing rule, which "
+            "may change the width; a drafter without an embedding under tensor "
+            "parallelism; or, on vLLM 0.32, an EAGLE head without an embedding weight, "
+            "which vLLM 0.32 itself fails on); run it with --pipeline-parallel-size 1 "
+            "or use an EAGLE/EAGLE-3/MTP/draft_model drafter"
         )
     if wanted == ShareMode.SAME_WIDTH and cols != have_cols:
         return None  # vLLM keeps an EAGLE drafter's embedding of another width
+    if wanted == ShareMode.REPLACE:
+        return _broadcast_weight(group, src, weight, (have_rows, have_cols), asking)
     if (rows, cols) != (have_rows, have_cols):
         raise EmbeddingHandoverError(
             f"the drafter's token embedding has shape [{rows}, {cols}] but the target's "
@@ -100,10 +106,21 @@ def hand_over_embedding(
     dist.all_reduce(digests, op=dist.ReduceOp.MAX, group=group)
     if int(digests[0]) == int(digests[1]) >= 0:
         return None  # the drafter already holds the target's values
+    return _broadcast_weight(group, src, weight, (rows, cols), asking)
+
+
+def _broadcast_weight(
+    group: dist.ProcessGroup,
+    src: int,
+    weight: torch.Tensor | None,
+    shape: tuple[int, int],
+    asking: bool,
+) -> torch.Tensor | None:
+    """Step 3 of :func:`hand_over_embedding`: the first rank's weight, as float32."""
     buf = (
         weight.detach().to(device="cpu", dtype=torch.float32).contiguous()
         if weight is not None
-        else torch.empty((rows, cols), dtype=torch.float32)
+        else torch.empty(shape, dtype=torch.float32)
     )
     dist.broadcast(buf, src=src, group=group)
     return buf if asking else None
@@ -126,7 +143,13 @@ def give_drafter_the_target_embedding(runner: Any, pp: Any, is_last: bool) -> No
         mode = share_mode(drafter)
         drafter_embed = drafter_embedding(drafter)
         weight = getattr(drafter_embed, "weight", None)
-        if mode != ShareMode.NONE:
+        if mode == ShareMode.REPLACE:
+            # vLLM puts the target's module in place of the missing one; here a
+            # plain embedding of the handed-over weight, which holds the whole
+            # vocabulary only without tensor parallelism.
+            tp = runner.vllm_config.parallel_config.tensor_parallel_size
+            mode, want_shape = (mode, (0, 0)) if tp == 1 else (ShareMode.UNSUPPORTED, (0, 0))
+        elif mode != ShareMode.NONE:
             if mode != ShareMode.UNSUPPORTED and isinstance(weight, torch.Tensor):
                 want_shape = (int(weight.shape[0]), int(weight.shape[1]))
             else:  # includes a drafter without an embedding module to copy into
@@ -148,7 +171,17 @@ def give_drafter_the_target_embedding(runner: Any, pp: Any, is_last: bool) -> No
         mode=int(mode),
         want_digest=lambda: embedding_digest(drafter_embed.weight),  # type: ignore[union-attr]
     )
-    if weight is not None and drafter_embed is not None:
+    if weight is not None and mode == ShareMode.REPLACE:
+        dtype = next(runner.drafter.model.parameters()).dtype
+        module = torch.nn.Embedding.from_pretrained(
+            weight.to(device=runner.device, dtype=dtype), freeze=True
+        )
+        runner.drafter.model.model.embed_tokens = module
+        logger.info(
+            "vllm-ppspec: drafter without an embedding uses the target's from PP rank 0 %s",
+            tuple(weight.shape),
+        )
+    elif weight is not None and drafter_embed is not None:
         with torch.no_grad():
             drafter_embed.weight.copy_(weight.to(drafter_embed.weight.dtype))
         logger.info(

@@ -14,8 +14,13 @@ hand over exactly the embeddings vLLM would have shared, and nothing else:
   -> ``SAME_WIDTH`` (a width mismatch keeps the drafter's, as vLLM does). A
   checkpoint with its own embedding keeps it -> ``NONE`` (vLLM shares it only
   when it is identical to the target's, which changes no value).
+  A drafter built without an embedding (``embed_tokens`` None or without a
+  ``weight``, e.g. 0.33's NemotronH MTP): vLLM 0.33 replaces its module by the
+  target's whatever the width -> ``REPLACE``; vLLM 0.32 raises reading the
+  missing weight at PP = 1 -> ``UNSUPPORTED``.
 * base rule, drafter model without that attribute (MTP): always shared
-  -> ``ALWAYS``.
+  -> ``ALWAYS``; without an embedding of its own -> ``REPLACE`` (vLLM 0.32 and
+  0.33 both put the target's module in its place).
 * any other override of ``_maybe_share_embeddings`` (Gemma4 MTP: shares an
   embedding of another width by design) -> ``UNSUPPORTED``: the hand-over
   copies weights into the drafter's own module and cannot change its width.
@@ -29,6 +34,8 @@ from __future__ import annotations
 import enum
 from typing import Any
 
+import torch
+
 
 class ShareMode(enum.IntEnum):
     """Values travel in the hand-over header (embedding_handover.hand_over_embedding)."""
@@ -37,6 +44,7 @@ class ShareMode(enum.IntEnum):
     ALWAYS = 1
     SAME_WIDTH = 2
     UNSUPPORTED = 3
+    REPLACE = 4  # the drafter has no embedding: it gets the target's, any width
 
 
 def share_mode(drafter: Any) -> ShareMode:
@@ -51,10 +59,17 @@ def share_mode(drafter: Any) -> ShareMode:
         return ShareMode.NONE
     if impl is not SpecDecodeBaseProposer._maybe_share_embeddings:
         return ShareMode.UNSUPPORTED
+    from vllm_ppspec.version_guard import vllm_at_least
+
     model = drafter.model
+    weightless = not isinstance(getattr(drafter_embedding(drafter), "weight", None), torch.Tensor)
     if hasattr(model, "has_own_embed_tokens"):
-        return ShareMode.NONE if model.has_own_embed_tokens else ShareMode.SAME_WIDTH
-    return ShareMode.ALWAYS
+        if model.has_own_embed_tokens:
+            return ShareMode.NONE
+        if weightless:
+            return ShareMode.REPLACE if vllm_at_least("0.33.0") else ShareMode.UNSUPPORTED
+        return ShareMode.SAME_WIDTH
+    return ShareMode.REPLACE if weightless else ShareMode.ALWAYS
 
 
 def drafter_embedding(drafter: Any) -> Any:
