@@ -97,7 +97,8 @@ cat > "$OVERLAY/bin/vllm" <<EOF
 #!$(cd "$OVERLAY" && pwd)/bin/python
 import sys
 from vllm.entrypoints.cli.main import main
-sys.exit(main())
+if __name__ == "__main__":
+    sys.exit(main())
 EOF
 chmod +x "$OVERLAY/bin/vllm"
 

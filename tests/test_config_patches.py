@@ -323,3 +323,41 @@ def test_engine_post_step_skips_the_blocking_draft_fetch_with_the_plugin_schedul
     assert _Executor.calls == 0
     EngineCore.post_step(engine(object()), True)  # vLLM's own path still fetches
     assert _Executor.calls == 1
+
+
+def _pp_spec_namespace(backend: str, async_scheduling: bool):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        speculative_config=SimpleNamespace(method="draft_model"),
+        parallel_config=SimpleNamespace(
+            pipeline_parallel_size=2, distributed_executor_backend=backend
+        ),
+        scheduler_config=SimpleNamespace(async_scheduling=async_scheduling),
+        model_config=None,
+        cache_config=SimpleNamespace(enable_prefix_caching=False),
+    )
+
+
+@pytest.mark.parametrize("v2", ["0", "1"])
+def test_async_with_the_legacy_ray_executor_is_refused_and_ray_v2_is_not(monkeypatch, v2):
+    """vLLM's legacy Ray executor calls sample_tokens on the last PP rank only,
+    which both async modes need on every rank; RayExecutorV2 (vLLM's default)
+    runs the plugin's worker as the mp executor does. Ray itself refuses the
+    CPU platform, so this checks the refusal's logic on a config stand-in."""
+    import vllm.envs as envs
+
+    from vllm_ppspec.patches.config import legacy_ray_async, pp_spec_unsupported
+
+    monkeypatch.setenv("VLLM_USE_RAY_V2_EXECUTOR_BACKEND", v2)
+    if hasattr(envs, "disable_envs_cache"):
+        envs.disable_envs_cache()
+    legacy = v2 == "0"
+    reasons = pp_spec_unsupported(_pp_spec_namespace("ray", True))
+    assert legacy_ray_async(_pp_spec_namespace("ray", True)) is legacy
+    assert any("legacy Ray executor" in r for r in reasons) is legacy, reasons
+    if legacy:
+        assert "VLLM_USE_RAY_V2_EXECUTOR_BACKEND" in " ".join(reasons)
+    # Sync scheduling and the mp executor are never refused for it.
+    assert not legacy_ray_async(_pp_spec_namespace("ray", False))
+    assert not legacy_ray_async(_pp_spec_namespace("mp", True))

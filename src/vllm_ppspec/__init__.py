@@ -1,4 +1,4 @@
-"""vllm-ppspec: speculative decoding under pipeline parallelism for vLLM 0.32.
+"""vllm-ppspec: speculative decoding under pipeline parallelism for vLLM 0.32 and 0.33.
 
 Select the worker with ``--worker-cls vllm_ppspec.worker.PPSpecWorker``.
 Importing this package does not import vLLM; the worker, runner and plugin

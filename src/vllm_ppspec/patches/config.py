@@ -97,12 +97,35 @@ def pp_spec_unsupported(vllm_config: Any) -> list[str]:
             "the CPU backend (its 'align' state copy needs Triton; pass "
             "--no-enable-prefix-caching)"
         )
+    if legacy_ray_async(vllm_config):
+        reasons.append(
+            "async scheduling with vLLM's legacy Ray executor under vllm-ppspec (it calls "
+            "sample_tokens on the last PP rank only, which both async modes need on every "
+            "rank): unset VLLM_USE_RAY_V2_EXECUTOR_BACKEND (vLLM's default RayExecutorV2 "
+            "runs it), drop --async-scheduling, or use --distributed-executor-backend mp"
+        )
     if vllm_config.parallel_config.distributed_executor_backend == "external_launcher":
         reasons.append(
             "speculative decoding with the external_launcher PP mode under vllm-ppspec "
             "(use --distributed-executor-backend mp)"
         )
     return reasons
+
+
+def legacy_ray_async(vllm_config: Any) -> bool:
+    """Async scheduling on vLLM's legacy ``RayDistributedExecutor``
+    (``VLLM_USE_RAY_V2_EXECUTOR_BACKEND=0``). vLLM's default Ray executor,
+    ``RayExecutorV2``, subclasses the mp executor and runs the plugin's worker
+    like it; the legacy one drives the runner itself and samples on the last
+    rank only, so the other ranks never post or receive a round."""
+    import vllm.envs as envs
+
+    backend = vllm_config.parallel_config.distributed_executor_backend
+    return (
+        backend == "ray"
+        and bool(vllm_config.scheduler_config.async_scheduling)
+        and not envs.VLLM_USE_RAY_V2_EXECUTOR_BACKEND
+    )
 
 
 def _on_cpu() -> bool:
@@ -209,7 +232,7 @@ AUTO_NOTICE = (
 )
 FOREIGN_WARNING = (
     "vllm-ppspec: --worker-cls {worker} with pipeline parallelism and speculative "
-    "decoding: vLLM 0.32's own V1 runner fails there at start-up; vllm-ppspec leaves "
+    "decoding: vLLM's own V1 runner (0.32, 0.33) fails there at start-up; vllm-ppspec leaves "
     f"this worker alone (use --worker-cls auto or {WORKER_QUALNAME})"
 )
 

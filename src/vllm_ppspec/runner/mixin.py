@@ -65,6 +65,7 @@ from vllm_ppspec.runner.embedding_handover import give_drafter_the_target_embedd
 from vllm_ppspec.runner.lane_steps import LaneSteps, lane_scheduler_selected  # noqa: E402
 from vllm_ppspec.runner.mode import Mode, choose_mode  # noqa: E402
 from vllm_ppspec.runner.peer_watch import watch_pp_peers  # noqa: E402
+from vllm_ppspec.runner.startup_check import agree, fingerprint  # noqa: E402
 from vllm_ppspec.runner.sync_steps import SyncSteps  # noqa: E402
 from vllm_ppspec.runner.two_batch import TwoBatchSteps  # noqa: E402
 from vllm_ppspec.sched.draft_delivery import attach_drafts  # noqa: E402
@@ -140,6 +141,9 @@ class PPSpecRunnerMixin:
                 "external_launcher (torchrun) PP mode; use the default mp executor "
                 "(--distributed-executor-backend mp) or remove --speculative-config."
             )
+        # The plugin's first collective: every PP rank was started the same way
+        # (one host or several), or every rank refuses (startup_check.py).
+        agree(pp.cpu_group, fingerprint(self, mode.value))
         self._ppspec_faults = faults.Faults.from_env()
         if self._ppspec_faults.any():
             logger.warning(
