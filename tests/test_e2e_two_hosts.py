@@ -1,0 +1,182 @@
+"""PP across two hosts: ``vllm serve --nnodes 2``, one PP stage per host.
+
+The hosts are network + pid namespaces on this machine (``tests/two_hosts.py``):
+their own addresses, pids, ``/dev/shm`` and hostnames, joined by a veth pair.
+Host 0 runs ``vllm serve ... --nnodes 2 --node-rank 0`` (API server, engine
+core, PP rank 0); host 1 ``--node-rank 1 --headless`` (PP rank 1: the sampler
+and the drafter). The client reaches host 0's API server over a second link.
+"""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from tests.acceptance import K, check_acceptance
+from tests.engine_jobs import GREEDY_REQUESTS, job, run_job
+from tests.two_hosts import TwoHosts, two_hosts
+from vllm_ppspec_tools.fixtures.server import (
+    greedy_completion,
+    openai_client,
+    pp_spec_args,
+    serve_args,
+    token_ids,
+)
+from vllm_ppspec_tools.fixtures.spec_configs import ALIASES, tiny_spec
+
+pytestmark = pytest.mark.e2e
+
+MAX_MODEL_LEN = 512
+API_PORT = 8000
+MASTER_PORT = 29511
+SHM_OFF = "CPU SHM communicator disabled for group pp"
+
+
+def node_args(models, drafter: str, hosts: TwoHosts, rank: int, *extra: str) -> list[str]:
+    target, spec = tiny_spec(models, drafter, K)
+    args = [
+        "vllm",
+        "serve",
+        *serve_args(models[target], "tiny", MAX_MODEL_LEN, *extra),
+        *pp_spec_args(2, spec, worker_cls=False),
+        "--nnodes", "2", "--node-rank", str(rank),
+        "--master-addr", hosts.nodes[0].host.addr, "--master-port", str(MASTER_PORT),
+    ]  # fmt: skip
+    if rank == 0:
+        return [*args, "--host", hosts.client_addr, "--port", str(API_PORT)]
+    return [*args, "--headless"]
+
+
+def node_env(hosts: TwoHosts, rank: int) -> dict[str, str]:
+    """What each node needs (README, "Across hosts"): its own address for vLLM
+    and gloo, and one OpenMP core list per local rank."""
+    import os
+
+    host = hosts.nodes[rank].host
+    return {
+        **os.environ,
+        "VLLM_HOST_IP": host.addr,
+        "GLOO_SOCKET_IFNAME": host.ifname,
+        "VLLM_CPU_OMP_THREADS_BIND": str(rank % (os.cpu_count() or 1)),
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+    }
+
+
+class Pipeline:
+    """The two nodes of one ``vllm serve --nnodes 2``."""
+
+    def __init__(self, hosts: TwoHosts, models, drafter: str, tmp_path: Path, *extra: str):
+        self.hosts = hosts
+        self.base = f"http://{hosts.client_addr}:{API_PORT}"
+        self.logs = [tmp_path / f"host{r}.log" for r in (0, 1)]
+        self.jobs = [
+            node.start(node_args(models, drafter, hosts, r, *extra), self.logs[r], node_env(hosts, r))
+            for r, node in enumerate(hosts.nodes)
+        ]
+
+    def wait_ready(self, timeout: float = 300) -> None:
+        import time
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for r, j in enumerate(self.jobs):
+                if j.poll() is not None:
+                    raise RuntimeError(
+                        f"host {r}'s vllm serve exited with {j.returncode}:\n"
+                        + "\n".join(p.read_text()[-3000:] for p in self.logs)
+                    )
+            if self.health() == 200:
+                return
+            time.sleep(1)
+        raise TimeoutError("\n".join(p.read_text()[-3000:] for p in self.logs))
+
+    def health(self) -> int:
+        try:
+            with urllib.request.urlopen(self.base + "/health", timeout=2) as r:
+                return r.status
+        except urllib.error.HTTPError as e:
+            return e.code
+        except OSError:
+            return -1
+
+    def stop(self) -> None:
+        for node, j in zip(self.hosts.nodes, self.jobs, strict=True):
+            node.kill_job(j)
+
+
+@pytest.fixture(scope="module")
+def hosts():
+    with two_hosts("e2e") as h:
+        yield h
+
+
+@pytest.fixture(scope="module")
+def pp1_reference(models):
+    """PP=1 without speculation, vLLM's own worker, one host: the oracle."""
+    return {name: run_job(job(models[name], worker="stock")).outputs for name in ("target", "mimo")}
+
+
+def metrics(base: str) -> dict[str, float]:
+    with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name = line.split("{")[0].split(" ")[0]
+            out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def spec_counts(base: str) -> dict[str, int]:
+    m = metrics(base)
+    return {
+        "accepted": int(m["vllm:spec_decode_num_accepted_tokens_total"]),
+        "drafts": int(m["vllm:spec_decode_num_draft_tokens_total"]),
+    }
+
+
+def greedy_all(base: str) -> list[list[int]]:
+    """Every request of GREEDY_REQUESTS at once (several in flight)."""
+    client = openai_client(base, timeout=120)
+
+    def one(r):
+        return token_ids(greedy_completion(client, "tiny", r["prompt_token_ids"], r["max_tokens"]))
+
+    with ThreadPoolExecutor(len(GREEDY_REQUESTS)) as pool:
+        return list(pool.map(one, GREEDY_REQUESTS))
+
+
+CASES = [
+    ("draft_copy", "sync"),
+    ("draft_copy", "async"),
+    ("eagle3", "sync"),
+    ("eagle3", "async"),
+    ("mtp", "sync"),
+    ("mtp", "async"),
+    ("ngram", "sync"),
+]
+
+
+@pytest.mark.parametrize(("drafter", "mode"), CASES, ids=[f"{d}-{m}" for d, m in CASES])
+def test_pp2_across_two_hosts_matches_pp1(hosts, models, pp1_reference, tmp_path, drafter, mode):
+    target, _ = tiny_spec(models, drafter, K)
+    extra = ["--async-scheduling"] if mode == "async" else []
+    pipe = Pipeline(hosts, models, drafter, tmp_path, "--max-num-batched-tokens", "64", *extra)
+    try:
+        pipe.wait_ready()
+        got = greedy_all(pipe.base)
+        counts = spec_counts(pipe.base)
+    finally:
+        pipe.stop()
+    assert got == pp1_reference[target]
+    check_acceptance(ALIASES.get(drafter, drafter), counts)
+    logs = [p.read_text() for p in pipe.logs]
+    for r, log in enumerate(logs):
+        # Across hosts vLLM's CPU communicator turns SHM off for the PP group:
+        # pipeline transfers and the plugin's rounds share gloo's TCP path.
+        assert SHM_OFF in log, f"host {r}: the PP group kept vLLM's SHM path"
+        assert f"vllm-ppspec: PP rank {r}/2" in log, f"host {r}: the plugin's runner did not start"

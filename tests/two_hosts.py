@@ -1,0 +1,182 @@
+"""Two hosts on this machine, for PP across hosts (tests/test_e2e_two_hosts.py).
+
+Each host is a network namespace with its own pid namespace, ``/dev/shm``
+and hostname (``tests/netns.py`` makes the namespaces and the veth pair
+between them; a second veth pair joins the first host to the root namespace,
+where the test's client runs). Its process 1 is ``tests/node_init.py``,
+which runs a fork server (vLLM imported once per host) inside the host:
+every ``vllm serve`` of a test is forked from it, so it runs in that host's
+namespaces, with that host's pids.
+
+Pids: the fork server reports the pids of its host's namespace. Signals
+from the test go to the matching pid of the root namespace
+(:meth:`TwoHosts.root_pid`, from ``NSpid`` in ``/proc/<pid>/status``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests.netns import Host, _ip, veth_hosts
+from vllm_ppspec_tools.fixtures import forkserver
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+class HostForkServer(forkserver.ForkServer):
+    """A fork server started as process 1's child in a host's namespaces."""
+
+    def __init__(self, host: Host, hostname: str) -> None:
+        super().__init__()
+        self.host, self.hostname = host, hostname
+        self.launcher: subprocess.Popen[bytes] | None = None
+
+    def _ensure(self) -> subprocess.Popen[bytes]:
+        if self._proc is not None and self._proc.poll() is None:
+            return self._proc
+        script = (
+            "mount -t tmpfs -o size=4g tmpfs /dev/shm && "
+            f"hostname {self.hostname} && exec {sys.executable} -m tests.node_init"
+        )
+        cmd = self.host.cmd(
+            "unshare", "--pid", "--fork", "--mount-proc", "--uts", "--mount",
+            "sh", "-c", script,
+        )  # fmt: skip
+        proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
+        assert proc.stdout is not None
+        if not proc.stdout.readline():
+            raise RuntimeError(f"host {self.hostname}: its fork server died while importing vLLM")
+        self._proc, self._gone, self.launcher = proc, False, proc
+        import threading
+
+        threading.Thread(target=self._read_replies, args=(proc,), daemon=True).start()
+        return proc
+
+
+def _pid_ns(pid: int) -> str:
+    return os.readlink(f"/proc/{pid}/ns/pid")
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        out += [int(c) for c in (task / "children").read_text().split()]
+    return out
+
+
+@dataclass
+class Node:
+    rank: int
+    host: Host
+    server: HostForkServer
+    jobs: list[Any] = field(default_factory=list)
+
+    def init_pid(self) -> int:
+        """Root-namespace pid of this host's process 1 (unshare's child)."""
+        assert self.server.launcher is not None
+        return _children(self.server.launcher.pid)[0]
+
+    def pids(self) -> list[int]:
+        """Root-namespace pids of every process in this host's pid namespace."""
+        try:
+            ns = _pid_ns(self.init_pid())
+        except (OSError, IndexError):
+            return []
+        out = []
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    if _pid_ns(int(entry.name)) == ns:
+                        out.append(int(entry.name))
+                except OSError:
+                    pass
+        return out
+
+    def root_pid(self, ns_pid: int) -> int:
+        """The root-namespace pid of this host's process ``ns_pid``."""
+        for pid in self.pids():
+            try:
+                status = Path(f"/proc/{pid}/status").read_text()
+            except OSError:
+                continue
+            line = next(x for x in status.splitlines() if x.startswith("NSpid:"))
+            if int(line.split()[-1]) == ns_pid:
+                return pid
+        raise ProcessLookupError(f"no process {ns_pid} on host {self.rank}")
+
+    def start(self, argv: list[str], log: Path, env: dict[str, str]) -> Any:
+        job = self.server.start("vllm.entrypoints.cli.main", argv, str(log), env)
+        self.jobs.append(job)
+        return job
+
+    def kill_job(self, job: Any) -> None:
+        try:
+            os.killpg(self.root_pid(job.pid), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def kill_host(self) -> None:
+        """SIGKILL process 1: the kernel kills every process of the host."""
+        os.kill(self.init_pid(), signal.SIGKILL)
+
+
+@dataclass
+class TwoHosts:
+    nodes: tuple[Node, Node]
+    client_addr: str  # host 0's address on the client link (the API server's)
+
+
+@contextmanager
+def two_hosts(tag: str) -> Iterator[TwoHosts]:
+    """Hosts 0 and 1 (fork servers started), and the client link to host 0."""
+    with ExitStack() as stack:
+        a, b = stack.enter_context(veth_hosts(tag))
+        subnet = a.addr.split(".")[2]
+        root_if, host_if = f"{a.ifname[:-1]}c", f"{a.ifname[:-1]}d"
+        client_addr = f"10.232.{subnet}.2"
+        _ip("link", "add", root_if, "type", "veth", "peer", "name", host_if)
+        stack.callback(subprocess.run, ["ip", "link", "delete", root_if], capture_output=True)
+        _ip("link", "set", host_if, "netns", a.netns)
+        _ip("addr", "add", f"10.232.{subnet}.1/24", "dev", root_if)
+        _ip("link", "set", root_if, "up")
+        _ip("-n", a.netns, "addr", "add", f"{client_addr}/24", "dev", host_if)
+        _ip("-n", a.netns, "link", "set", host_if, "up")
+        nodes = tuple(
+            Node(rank, host, HostForkServer(host, f"ppspec-host{rank}"))
+            for rank, host in enumerate((a, b))
+        )
+        for node in nodes:
+            stack.callback(_end_host, node)
+        for node in nodes:
+            node.server._ensure()
+        yield TwoHosts(nodes, client_addr)  # type: ignore[arg-type]
+
+
+def _end_host(node: Node) -> None:
+    for job in node.jobs:
+        node.kill_job(job)
+    try:
+        node.kill_host()
+    except (OSError, IndexError, AssertionError):
+        pass
+    deadline = time.monotonic() + 30
+    while node.pids() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    node.server.close()
