@@ -9,6 +9,10 @@ and the drafter). The client reaches host 0's API server over a second link.
 
 from __future__ import annotations
 
+import os
+import re
+import signal
+import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -18,6 +22,7 @@ import pytest
 
 from tests.acceptance import K, check_acceptance
 from tests.engine_jobs import GREEDY_REQUESTS, job, run_job
+from tests.netns import link_down
 from tests.two_hosts import TwoHosts, two_hosts
 from vllm_ppspec_tools.fixtures.server import (
     greedy_completion,
@@ -180,3 +185,79 @@ def test_pp2_across_two_hosts_matches_pp1(hosts, models, pp1_reference, tmp_path
         # pipeline transfers and the plugin's rounds share gloo's TCP path.
         assert SHM_OFF in log, f"host {r}: the PP group kept vLLM's SHM path"
         assert f"vllm-ppspec: PP rank {r}/2" in log, f"host {r}: the plugin's runner did not start"
+
+
+def _worker_pid(log: str) -> int:
+    """The host-local pid of the host's one worker, from its log lines."""
+    return int(re.search(r"^\(Worker(?:_PP\d)? pid=(\d+)\)", log, re.M).group(1))
+
+
+FAULTS = ["kill-worker-host0", "kill-worker-host1", "link-down", "kill-host1"]
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_a_fault_across_hosts_fails_requests_and_ends_both_hosts(hosts, models, tmp_path, fault):
+    """Each fault with 16 requests decoding (draft_random: one token per step):
+    every request in flight ends with an error, ``/health`` stops answering
+    200 within 10 s, and no vLLM process is left on either host after 30 s.
+    ``kill-host1`` (SIGKILL of host 1's process 1: the kernel kills everything
+    there) runs last: the hosts are not usable after it."""
+    pipe = Pipeline(hosts, models, "draft_random", tmp_path)
+    h0, h1 = hosts.nodes
+    try:
+        pipe.wait_ready()
+        client = openai_client(pipe.base, timeout=90)
+        finished: set[int] = set()
+
+        def one(i: int) -> str:
+            try:
+                resp = client.completions.create(
+                    model="tiny",
+                    prompt=[5 + i, 6, 7],
+                    max_tokens=MAX_MODEL_LEN - 8,
+                    temperature=0.0,
+                    extra_body={"ignore_eos": True},
+                )
+                finish = resp.choices[0].finish_reason
+                return "completed" if finish == "length" else f"cut: {finish}"
+            except Exception as e:  # noqa: BLE001 - the error is what we expect
+                return f"error: {type(e).__name__}"
+            finally:
+                finished.add(i)
+
+        pool = ThreadPoolExecutor(16)
+        futures = [pool.submit(one, i) for i in range(16)]
+        flag = "vllm-ppspec: 2 batches in flight"
+        deadline = time.monotonic() + 120
+        while flag not in pipe.logs[0].read_text():
+            assert time.monotonic() < deadline, "requests did not start decoding"
+            time.sleep(0.05)
+        t_fault = time.monotonic()
+        if fault == "kill-worker-host0":
+            os.kill(h0.root_pid(_worker_pid(pipe.logs[0].read_text())), signal.SIGKILL)
+        elif fault == "kill-worker-host1":
+            os.kill(h1.root_pid(_worker_pid(pipe.logs[1].read_text())), signal.SIGKILL)
+        elif fault == "link-down":
+            link_down(h0.host)
+        else:
+            h1.kill_host()
+        in_flight = set(range(16)) - finished
+        while pipe.health() == 200:
+            assert time.monotonic() - t_fault < 10, "/health still answers 200 after 10 s"
+            time.sleep(0.2)
+        unhealthy_after = time.monotonic() - t_fault
+        results = [f.result(timeout=60) for f in futures]  # no hang
+        pool.shutdown()
+        assert all(results[i] != "completed" for i in in_flight), (in_flight, results)
+        assert sum(r != "completed" for r in results) >= 8, results
+        while h0.vllm_pids() or h1.vllm_pids():
+            left = {0: h0.vllm_pids(), 1: h1.vllm_pids()}
+            assert time.monotonic() - t_fault < 30, f"left after 30 s: {left}"
+            time.sleep(0.5)
+        gone_after = time.monotonic() - t_fault
+        print(f"{fault}: /health not 200 after {unhealthy_after:.1f} s, both hosts empty "
+              f"after {gone_after:.1f} s; requests: {results}")
+    finally:
+        pipe.stop()
+        if fault == "link-down":
+            h0.link_up()

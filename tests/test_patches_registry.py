@@ -17,7 +17,7 @@ def test_every_config_patch_is_pinned_by_the_version_guard_and_nothing_else():
 def test_every_patch_names_its_module_an_existing_target_and_an_end():
     for patch in REGISTRY:
         importlib.import_module(patch.module)
-        assert patch.when in ("config", "worker"), patch
+        assert patch.when in ("config", "worker", "engine core"), patch
         assert patch.versions and set(patch.versions) <= set(version_guard.SUPPORTED_VLLM_VERSIONS)
         assert patch.why and patch.how and patch.upstream and patch.remove_when, patch
         for target in patch.targets:

@@ -109,6 +109,15 @@ class Node:
                     pass
         return out
 
+    def vllm_pids(self) -> list[int]:
+        """This host's processes but the harness's own (process 1, the fork server)."""
+        try:
+            init = self.init_pid()
+        except (OSError, IndexError, AssertionError):
+            return []
+        harness = {init, *_children(init)} if Path(f"/proc/{init}").exists() else {init}
+        return [p for p in self.pids() if p not in harness]
+
     def root_pid(self, ns_pid: int) -> int:
         """The root-namespace pid of this host's process ``ns_pid``."""
         for pid in self.pids():
@@ -131,6 +140,9 @@ class Node:
             os.killpg(self.root_pid(job.pid), signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+    def link_up(self) -> None:
+        _ip("-n", self.host.netns, "link", "set", self.host.ifname, "up")
 
     def kill_host(self) -> None:
         """SIGKILL process 1: the kernel kills every process of the host."""

@@ -126,6 +126,10 @@ PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
     # its post-schedule bookkeeping, extended for structured-output requests.
     ("vllm.v1.core.sched.async_scheduler", "AsyncScheduler"),
     ("vllm.v1.core.sched.async_scheduler", "AsyncScheduler._update_after_schedule"),
+    # Across hosts: a remote reply's read ends on shutdown (patches/remote_reads.py).
+    ("vllm.distributed.device_communicators.shm_broadcast", "MessageQueue.dequeue"),
+    ("vllm.distributed.device_communicators.shm_broadcast", "MessageQueue.recv"),
+    ("vllm.distributed.device_communicators.shm_broadcast", "MessageQueue.shutdown"),
 )
 
 
@@ -200,6 +204,12 @@ MIRRORED_FUNCTIONS: tuple[tuple[str, str, dict[str, str], str], ...] = (
         "Scheduler._make_cached_request_data",
         {"0.32.0": "8aeb1dc3ba937dd2", "0.33.0": "8aeb1dc3ba937dd2"},
         "protocol.lane_book:make_sync_shaped (new_token_ids as its sync-PP branch builds them)",
+    ),
+    (
+        "vllm.distributed.device_communicators.shm_broadcast",
+        "MessageQueue.dequeue",
+        {"0.32.0": "0c051f15c0ccfd8f", "0.33.0": "0c051f15c0ccfd8f"},
+        "patches.remote_reads:cancellable (its remote-reader branch, made cancellable)",
     ),
     (
         "vllm.utils.cpu_triton_utils",

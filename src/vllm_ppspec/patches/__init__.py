@@ -9,6 +9,8 @@ Two places, by when they apply:
 * ``worker``: inside the plugin's CPU worker, at ``init_device``, before the
   runner and the distributed groups are built. vLLM's own worker never gets
   them.
+* ``engine core``: in the engine core process, when it builds one of the
+  plugin's schedulers (PP + spec with the plugin's worker).
 
 The plugin's own subclasses (worker, runner, schedulers) are not patches: they
 are selected by name (``--worker-cls``, and the config patch that sets the
@@ -27,7 +29,8 @@ from vllm_ppspec.version_guard import SUPPORTED_VLLM_VERSIONS
 @dataclass(frozen=True)
 class Patch:
     module: str  # the plugin module that installs it
-    when: str  # "config" (every vLLM process) or "worker" (the plugin's CPU worker)
+    when: str  # "config" (every vLLM process), "worker" (the plugin's CPU worker),
+    # or "engine core" (with the plugin's scheduler)
     targets: tuple[str, ...]  # vLLM names replaced or wrapped, "module:qualname"
     why: str
     how: str
@@ -80,6 +83,22 @@ REGISTRY: tuple[Patch, ...] = (
         upstream="vllm/config/vllm.py:VllmConfig.__post_init__ (0.33.0, v1_async_sched_incompat)",
         remove_when="vLLM runs PP + spec + async scheduling on the runner users run",
         versions=("0.33.0",),
+    ),
+    Patch(
+        module="vllm_ppspec.patches.remote_reads",
+        when="engine core",
+        targets=("vllm.distributed.device_communicators.shm_broadcast:MessageQueue.dequeue",),
+        why=(
+            "across hosts the executor waits for a remote worker's reply in one zmq poll "
+            "for the whole RPC timeout (300 s), even after its worker monitor shut the "
+            "queues down: a dead PP peer left /health at 200 and the requests hanging"
+        ),
+        how=(
+            "with --nnodes > 1 only: a remote reader polls in 0.1 s slices and raises "
+            "RuntimeError('cancelled') once its queue is shut down, as a local reader does"
+        ),
+        upstream="vllm/distributed/device_communicators/shm_broadcast.py:MessageQueue.dequeue",
+        remove_when="vLLM's remote MessageQueue reads end on shutdown",
     ),
     Patch(
         module="vllm_ppspec.patches.cpu_expand",

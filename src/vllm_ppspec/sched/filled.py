@@ -61,11 +61,21 @@ class BatchesInFlight:
             self.now -= 1
 
 
+def across_hosts(vllm_config: Any) -> None:
+    """Across hosts (``--nnodes`` > 1), this engine core's reads of a remote
+    worker's reply end when the executor shuts down (patches/remote_reads.py)."""
+    if int(vllm_config.parallel_config.nnodes) > 1:
+        from vllm_ppspec.patches import remote_reads
+
+        remote_reads.install()
+
+
 class PPSpecScheduler(Scheduler):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.ppspec_batches = BatchesInFlight()
         self.ppspec_depth = int(self.vllm_config.max_concurrent_batches)
+        across_hosts(self.vllm_config)
 
     def held_back(self) -> list[Any]:
         """Running requests left for a later batch (see the module docstring)."""

@@ -1,0 +1,54 @@
+"""A remote message-queue read that ends when its queue is shut down.
+
+vLLM's multiprocessing executor reads each worker's reply from a
+``MessageQueue``. A reader on the same host waits in a loop that checks the
+queue's ``shutting_down`` flag: when a worker dies, the executor's monitor
+calls ``shutdown()``, the wait raises ``RuntimeError("cancelled")``, the step
+fails and the engine reports itself dead at once. A reader of a worker on
+another host (``--nnodes`` > 1) waits in one ``zmq`` poll for the whole RPC
+timeout instead (``MessageQueue.recv``, ``VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS``,
+300 s by default): with the last PP rank gone, the API server kept answering
+``/health`` with 200 and the requests hung for those 300 s.
+
+:func:`install` wraps ``MessageQueue.dequeue``: a remote reader polls in
+slices of :data:`SLICE_S` and raises ``RuntimeError("cancelled")`` as soon as
+the queue is shut down, as a local reader does; once a message is there,
+vLLM's own ``dequeue`` reads it. Local readers are untouched. The engine core
+installs it when it builds a plugin scheduler (PP + spec with the plugin's
+worker), so it is in the process that runs the executor, and nowhere else.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import Any
+
+SLICE_S = 0.1
+_FLAG = "_vllm_ppspec_cancellable"
+
+
+def cancellable(original: Any) -> Any:
+    @functools.wraps(original)
+    def dequeue(self: Any, timeout: float | None = None, indefinite: bool = False) -> Any:
+        if not getattr(self, "_is_remote_reader", False):
+            return original(self, timeout, indefinite)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.remote_socket.poll(timeout=int(SLICE_S * 1000)):
+            if self.shutting_down:
+                raise RuntimeError("cancelled")
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError
+        return original(self, 0.0, indefinite)
+
+    setattr(dequeue, _FLAG, True)
+    return dequeue
+
+
+def install() -> None:
+    """Idempotent; called by the plugin's schedulers in the engine core."""
+    from vllm.distributed.device_communicators.shm_broadcast import MessageQueue
+
+    if getattr(MessageQueue.dequeue, _FLAG, False):
+        return
+    MessageQueue.dequeue = cancellable(MessageQueue.dequeue)  # type: ignore[method-assign]
