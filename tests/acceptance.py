@@ -7,9 +7,7 @@ from tests.engine_jobs import GREEDY_REQUESTS
 K = 3
 
 
-def check_acceptance(
-    method: str, spec: dict | None, requests=GREEDY_REQUESTS, k: int = K
-) -> None:
+def check_acceptance(method: str, spec: dict | None, requests=GREEDY_REQUESTS, k: int = K) -> None:
     """Acceptance against what each fixture was built for.
 
     ``reference_acceptance`` replays each drafter's planted rule (ngram: vLLM's own

@@ -74,12 +74,26 @@ def node_env(hosts: TwoHosts, rank: int) -> dict[str, str]:
 class Pipeline:
     """The two nodes of one ``vllm serve --nnodes 2``."""
 
-    def __init__(self, hosts: TwoHosts, models, drafter: str, tmp_path: Path, *extra: str):
+    def __init__(
+        self,
+        hosts: TwoHosts,
+        models,
+        drafter: str,
+        tmp_path: Path,
+        *extra: str,
+        env: dict[int, dict[str, str]] | None = None,
+        common: dict[str, str] | None = None,
+    ):
+        """``env``: extra environment per host rank; ``common``: for both."""
         self.hosts = hosts
         self.base = f"http://{hosts.client_addr}:{API_PORT}"
         self.logs = [tmp_path / f"host{r}.log" for r in (0, 1)]
         self.jobs = [
-            node.start(node_args(models, drafter, hosts, r, *extra), self.logs[r], node_env(hosts, r))
+            node.start(
+                node_args(models, drafter, hosts, r, *extra),
+                self.logs[r],
+                {**node_env(hosts, r), **(common or {}), **(env or {}).get(r, {})},
+            )
             for r, node in enumerate(hosts.nodes)
         ]
 
@@ -187,6 +201,48 @@ def test_pp2_across_two_hosts_matches_pp1(hosts, models, pp1_reference, tmp_path
         assert f"vllm-ppspec: PP rank {r}/2" in log, f"host {r}: the plugin's runner did not start"
 
 
+MISMATCHES = {
+    # host 1 alone keeps one batch in flight: a different protocol
+    "switch": (
+        {"VLLM_PPSPEC_ONE_BATCH": "1"},
+        "$VLLM_PPSPEC_ONE_BATCH (rank 0: '<unset>', rank 1: '1')",
+    ),
+    # host 1 alone keeps vLLM's own worker (which fails there by itself)
+    "no-plugin": ({"VLLM_PPSPEC_AUTO": "0"}, "did not reach the plugin's start-up check"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MISMATCHES))
+def test_hosts_started_differently_are_refused_on_both(hosts, models, tmp_path, case):
+    """Each node builds its config from its own command line and environment:
+    a difference is refused (runner/startup_check.py) and both hosts end
+    within seconds, host 0 naming what differs."""
+    env1, expected = MISMATCHES[case]
+    pipe = Pipeline(
+        hosts,
+        models,
+        "draft_copy",
+        tmp_path,
+        env={1: env1},
+        common={"VLLM_PPSPEC_STARTUP_TIMEOUT": "10"},
+    )
+    try:
+        start = time.monotonic()
+        for job in pipe.jobs:
+            job.wait(timeout=60)
+        ended_after = time.monotonic() - start
+    finally:
+        pipe.stop()
+    assert all(j.returncode != 0 for j in pipe.jobs), [j.returncode for j in pipe.jobs]
+    log0 = pipe.logs[0].read_text()
+    assert expected in log0, log0[-4000:]
+    assert "vllm-ppspec: the PP ranks were started differently" in log0 or case == "no-plugin"
+    print(f"{case}: both hosts ended {ended_after:.1f} s after start")
+    while hosts.nodes[0].vllm_pids() or hosts.nodes[1].vllm_pids():
+        assert time.monotonic() - start < 90, "vLLM processes left on a host"
+        time.sleep(0.5)
+
+
 def _worker_pid(log: str) -> int:
     """The host-local pid of the host's one worker, from its log lines."""
     return int(re.search(r"^\(Worker(?:_PP\d)? pid=(\d+)\)", log, re.M).group(1))
@@ -255,8 +311,10 @@ def test_a_fault_across_hosts_fails_requests_and_ends_both_hosts(hosts, models, 
             assert time.monotonic() - t_fault < 30, f"left after 30 s: {left}"
             time.sleep(0.5)
         gone_after = time.monotonic() - t_fault
-        print(f"{fault}: /health not 200 after {unhealthy_after:.1f} s, both hosts empty "
-              f"after {gone_after:.1f} s; requests: {results}")
+        print(
+            f"{fault}: /health not 200 after {unhealthy_after:.1f} s, both hosts empty "
+            f"after {gone_after:.1f} s; requests: {results}"
+        )
     finally:
         pipe.stop()
         if fault == "link-down":
