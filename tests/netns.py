@@ -43,6 +43,25 @@ def require_netns() -> None:
 
 
 @contextmanager
+def bare_hosts(tag: str) -> Iterator[tuple[Host, Host]]:
+    """Two namespaces, ``ppspec-<tag>-<pid>-{a,b}``, with no link between them
+    (the caller adds one, e.g. tests/delay_line.py); addresses as veth_hosts'."""
+    require_netns()
+    pid = os.getpid()
+    subnet = 1 + pid % 250
+    a = Host(f"ppspec-{tag}-{pid}-a", f"pt{pid % 100000}a", f"10.233.{subnet}.1")
+    b = Host(f"ppspec-{tag}-{pid}-b", f"pt{pid % 100000}b", f"10.233.{subnet}.2")
+    try:
+        for host in (a, b):
+            _ip("netns", "add", host.netns)
+            _ip("-n", host.netns, "link", "set", "lo", "up")
+        yield a, b
+    finally:
+        for host in (a, b):
+            subprocess.run(["ip", "netns", "delete", host.netns], capture_output=True)
+
+
+@contextmanager
 def veth_hosts(tag: str) -> Iterator[tuple[Host, Host]]:
     """Two namespaces, ``ppspec-<tag>-<pid>-{a,b}``, linked by a veth pair."""
     require_netns()

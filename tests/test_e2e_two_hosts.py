@@ -16,115 +16,28 @@ import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 
 from tests.acceptance import K, check_acceptance
+from tests.conftest import MODELS_DIR
 from tests.engine_jobs import GREEDY_REQUESTS, job, run_job
 from tests.netns import link_down
-from tests.two_hosts import TwoHosts, two_hosts
+from tests.test_e2e_hybrid import HYBRID, judge
+from tests.test_e2e_hybrid import REQUESTS as HYBRID_REQUESTS
+from tests.two_hosts import Pipeline, two_hosts
 from vllm_ppspec_tools.fixtures.server import (
     greedy_completion,
     openai_client,
-    pp_spec_args,
-    serve_args,
     token_ids,
 )
 from vllm_ppspec_tools.fixtures.spec_configs import ALIASES, tiny_spec
+from vllm_ppspec_tools.fixtures.tiny_hybrid import build_hybrid
 
 pytestmark = pytest.mark.e2e
 
 MAX_MODEL_LEN = 512
-API_PORT = 8000
-MASTER_PORT = 29511
 SHM_OFF = "CPU SHM communicator disabled for group pp"
-
-
-def node_args(models, drafter: str, hosts: TwoHosts, rank: int, *extra: str) -> list[str]:
-    target, spec = tiny_spec(models, drafter, K)
-    args = [
-        "vllm",
-        "serve",
-        *serve_args(models[target], "tiny", MAX_MODEL_LEN, *extra),
-        *pp_spec_args(2, spec, worker_cls=False),
-        "--nnodes", "2", "--node-rank", str(rank),
-        "--master-addr", hosts.nodes[0].host.addr, "--master-port", str(MASTER_PORT),
-    ]  # fmt: skip
-    if rank == 0:
-        return [*args, "--host", hosts.client_addr, "--port", str(API_PORT)]
-    return [*args, "--headless"]
-
-
-def node_env(hosts: TwoHosts, rank: int) -> dict[str, str]:
-    """What each node needs (README, "Across hosts"): its own address for vLLM
-    and gloo, and one OpenMP core list per local rank."""
-    import os
-
-    host = hosts.nodes[rank].host
-    return {
-        **os.environ,
-        "VLLM_HOST_IP": host.addr,
-        "GLOO_SOCKET_IFNAME": host.ifname,
-        "VLLM_CPU_OMP_THREADS_BIND": str(rank % (os.cpu_count() or 1)),
-        "VLLM_CPU_KVCACHE_SPACE": "1",
-    }
-
-
-class Pipeline:
-    """The two nodes of one ``vllm serve --nnodes 2``."""
-
-    def __init__(
-        self,
-        hosts: TwoHosts,
-        models,
-        drafter: str,
-        tmp_path: Path,
-        *extra: str,
-        env: dict[int, dict[str, str]] | None = None,
-        common: dict[str, str] | None = None,
-    ):
-        """``env``: extra environment per host rank; ``common``: for both."""
-        self.hosts = hosts
-        self.base = f"http://{hosts.client_addr}:{API_PORT}"
-        self.logs = [tmp_path / f"host{r}.log" for r in (0, 1)]
-        self.jobs = [
-            node.start(
-                node_args(models, drafter, hosts, r, *extra),
-                self.logs[r],
-                {**node_env(hosts, r), **(common or {}), **(env or {}).get(r, {})},
-            )
-            for r, node in enumerate(hosts.nodes)
-        ]
-
-    def wait_ready(self, timeout: float = 300) -> None:
-        import time
-
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for r, j in enumerate(self.jobs):
-                if j.poll() is not None:
-                    raise RuntimeError(
-                        f"host {r}'s vllm serve exited with {j.returncode}:\n"
-                        + "\n".join(p.read_text()[-3000:] for p in self.logs)
-                    )
-            if self.health() == 200:
-                return
-            time.sleep(1)
-        raise TimeoutError("\n".join(p.read_text()[-3000:] for p in self.logs))
-
-    def health(self) -> int:
-        try:
-            with urllib.request.urlopen(self.base + "/health", timeout=2) as r:
-                return r.status
-        except urllib.error.HTTPError as e:
-            return e.code
-        except OSError:
-            return -1
-
-    def stop(self) -> None:
-        for node, j in zip(self.hosts.nodes, self.jobs, strict=True):
-            node.kill_job(j)
 
 
 @pytest.fixture(scope="module")
@@ -199,6 +112,52 @@ def test_pp2_across_two_hosts_matches_pp1(hosts, models, pp1_reference, tmp_path
         # pipeline transfers and the plugin's rounds share gloo's TCP path.
         assert SHM_OFF in log, f"host {r}: the PP group kept vLLM's SHM path"
         assert f"vllm-ppspec: PP rank {r}/2" in log, f"host {r}: the plugin's runner did not start"
+
+
+@pytest.fixture(scope="module")
+def hybrid_target(models):
+    return build_hybrid(MODELS_DIR)["hybrid_copy"]
+
+
+@pytest.fixture(scope="module")
+def hybrid_baseline(hybrid_target):
+    """PP=1 without speculation, vLLM's own worker, bf16, one host (with the
+    top-1/top-2 gaps the near-tie oracle needs: tests/test_e2e_hybrid.py)."""
+    res = run_job(job(hybrid_target, worker="stock", requests=HYBRID_REQUESTS, **HYBRID))
+    assert res.returncode == 0, res.log[-6000:]
+    return res.result
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_hybrid_mtp_across_two_hosts_follows_pp1(
+    hosts, models, hybrid_target, hybrid_baseline, tmp_path, mode
+):
+    """Qwen3-Next (GDN) + MTP across the hosts: each host keeps its stage's
+    recurrent state from the rounds it learns (sync: the scheduler output;
+    async: the round message over the link)."""
+    spec = {"method": "mtp", "num_speculative_tokens": K}
+    extra = ["--dtype", "bfloat16", "--no-enable-prefix-caching", "--max-num-seqs", "4"]
+    extra += ["--async-scheduling"] if mode == "async" else []
+    pipe = Pipeline(hosts, models, (hybrid_target, spec), tmp_path, *extra)
+    try:
+        pipe.wait_ready()
+        client = openai_client(pipe.base, timeout=120)
+
+        def one(r):
+            choice = greedy_completion(client, "tiny", r["prompt_token_ids"], r["max_tokens"])
+            return token_ids(choice)
+
+        with ThreadPoolExecutor(len(HYBRID_REQUESTS)) as pool:
+            outputs = list(pool.map(one, HYBRID_REQUESTS))
+        counts = spec_counts(pipe.base)
+    finally:
+        pipe.stop()
+    forgiven, failures = judge(hybrid_baseline, outputs)
+    assert not failures, f"divergence at a clear margin (request, position, gap): {failures}"
+    print(f"forgiven near-tie divergences: {forgiven}; spec {counts}")
+    assert 0 < counts["accepted"] < counts["drafts"], counts  # full and partial rounds
+    for r, log in enumerate(p.read_text() for p in pipe.logs):
+        assert SHM_OFF in log, f"host {r}: the PP group kept vLLM's SHM path"
 
 
 MISMATCHES = {

@@ -326,15 +326,25 @@ def _set_up_runner(monkeypatch, spec: bool):
     pp = SimpleNamespace(world_size=2, is_last_rank=False, rank_in_group=0, cpu_group=None)
     monkeypatch.setattr(runner_mod, "get_pp_group", lambda: pp)
     monkeypatch.setattr(runner_mod, "watch_pp_peers", lambda group, host: [])
+    agreed: list[dict] = []  # the start-up check's collective (tests/test_startup_check.py)
+    monkeypatch.setattr(runner_mod, "agree", lambda group, mine: agreed.append(mine))
     monkeypatch.setattr(runner_mod, "lane_scheduler_selected", lambda config: False)
     runner = Runner()
-    runner.speculative_config = SimpleNamespace(method="draft_model") if spec else None
+    runner.speculative_config = (
+        SimpleNamespace(method="draft_model", num_speculative_tokens=K) if spec else None
+    )
     runner.use_async_scheduling = False
     runner.model_config = SimpleNamespace(is_hybrid=True)
     runner.broadcast_pp_output = False
     runner.parallel_config = SimpleNamespace(nnodes=1, data_parallel_size=1)
     runner.num_spec_tokens = K if spec else 0
+    runner.scheduler_config = SimpleNamespace(max_num_seqs=8)
+    runner.parallel_config.pipeline_parallel_size = 2
     runner._ppspec_setup()
+    # PP + spec: the start-up check ran once, with this rank's fingerprint.
+    assert len(agreed) == (1 if spec else 0), agreed
+    if spec:
+        assert agreed[0]["mode"] == "sync" and agreed[0]["num_speculative_tokens"] == str(K)
     return runner
 
 

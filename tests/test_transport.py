@@ -269,3 +269,44 @@ def test_a_posted_round_that_diverges_raises_on_both_ranks():
     for r in results:
         assert not r.hung, r.message
         assert r.error == "RoundDivergenceError", r.message
+
+
+def _expected_rounds(rank: int, world: int):
+    """The receiver posts its side of two rounds before the sender has them
+    (``expect``, as a non-last rank does at the end of its step)."""
+    ch = _channel()
+    ch.agree_shape()
+    if rank == LAST:
+        time.sleep(0.5)
+        ch.post(1, torch.tensor([[6, -1]]), torch.tensor([[1, 2, 3]])).wait()
+        ch.post(2, torch.tensor([[7, 8], [9, -1]]), torch.tensor([[1, 2, 3], [4, 5, 6]])).wait()
+        return None
+    first, second = ch.expect(1), ch.expect(2)  # returns at once
+    time.sleep(1.5)  # computing; the rounds arrive meanwhile
+    t0 = time.perf_counter()
+    got = [first.wait().sampled.tolist(), second.wait().sampled.tolist()]
+    return time.perf_counter() - t0, got
+
+
+def test_a_receiver_posts_its_side_early_and_then_pays_no_wait():
+    results = run_ranks(_expected_rounds)
+    for r in results:
+        assert r.error is None and not r.hung, r.message
+    waited, got = results[0].value
+    assert got == [[[6, -1, -1, -1]], [[7, 8, -1, -1], [9, -1, -1, -1]]]
+    assert waited < 0.1, waited  # both rounds were already there
+
+
+def _expected_divergence(rank: int, world: int):
+    ch = _channel()
+    if rank == LAST:
+        ch.post(2, torch.tensor([[1, -1], [2, -1]]), None).wait()
+    else:
+        ch.expect(3).wait()  # this rank's step held 3 requests
+
+
+def test_an_expected_round_that_diverges_raises_on_both_ranks():
+    results = run_ranks(_expected_divergence)
+    for r in results:
+        assert not r.hung, r.message
+        assert r.error == "RoundDivergenceError", r.message

@@ -20,16 +20,25 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.netns import Host, _ip, veth_hosts
+from tests.acceptance import K
+from tests.delay_line import delay_link
+from tests.netns import Host, _ip, bare_hosts, veth_hosts
 from vllm_ppspec_tools.fixtures import forkserver
+from vllm_ppspec_tools.fixtures.server import pp_spec_args, serve_args
+from vllm_ppspec_tools.fixtures.spec_configs import tiny_spec
 
 REPO = Path(__file__).resolve().parent.parent
+MAX_MODEL_LEN = 512
+API_PORT = 8000
+MASTER_PORT = 29511
 
 
 class HostForkServer(forkserver.ForkServer):
@@ -156,10 +165,18 @@ class TwoHosts:
 
 
 @contextmanager
-def two_hosts(tag: str) -> Iterator[TwoHosts]:
-    """Hosts 0 and 1 (fork servers started), and the client link to host 0."""
+def two_hosts(tag: str, delay_ms: float | None = None) -> Iterator[TwoHosts]:
+    """Hosts 0 and 1 (fork servers started), and the client link to host 0.
+    The hosts' link is a veth pair, or with ``delay_ms`` the delay line
+    (tests/delay_line.py: TUN devices, that one-way delay)."""
     with ExitStack() as stack:
-        a, b = stack.enter_context(veth_hosts(tag))
+        if delay_ms is None:
+            a, b = stack.enter_context(veth_hosts(tag))
+        else:
+            a, b = stack.enter_context(bare_hosts(tag))
+            stack.enter_context(
+                delay_link(a.netns, a.ifname, a.addr, b.netns, b.ifname, b.addr, delay_ms)
+            )
         subnet = a.addr.split(".")[2]
         root_if, host_if = f"{a.ifname[:-1]}c", f"{a.ifname[:-1]}d"
         client_addr = f"10.232.{subnet}.2"
@@ -192,3 +209,111 @@ def _end_host(node: Node) -> None:
     while node.pids() and time.monotonic() < deadline:
         time.sleep(0.2)
     node.server.close()
+
+
+def node_args(
+    models,
+    drafter: str | tuple[str, dict] | None,
+    hosts: TwoHosts,
+    rank: int,
+    *extra: str,
+    eager: bool = True,
+) -> list[str]:
+    """One node's ``vllm serve`` command line: ``drafter`` a tiny drafter's
+    name, or (model path, speculative config); ``None``: no speculation (the
+    plugin's worker then changes nothing); ``eager=False``: compiled."""
+    if isinstance(drafter, tuple):
+        model, spec = drafter
+    else:
+        target, spec = tiny_spec(models, drafter or "draft_copy", K)
+        model = models[target]
+    base = serve_args(model, "tiny", MAX_MODEL_LEN, *extra)
+    if not eager:
+        base.remove("--enforce-eager")
+    if drafter is None:
+        pp = ["--pipeline-parallel-size", "2", "--distributed-executor-backend", "mp"]
+    else:
+        pp = pp_spec_args(2, spec, worker_cls=False)
+    args = [
+        "vllm",
+        "serve",
+        *base,
+        *pp,
+        "--nnodes", "2", "--node-rank", str(rank),
+        "--master-addr", hosts.nodes[0].host.addr, "--master-port", str(MASTER_PORT),
+    ]  # fmt: skip
+    if rank == 0:
+        return [*args, "--host", hosts.client_addr, "--port", str(API_PORT)]
+    return [*args, "--headless"]
+
+
+def node_env(hosts: TwoHosts, rank: int) -> dict[str, str]:
+    """What each node needs (README, "Across hosts"): its own address for vLLM
+    and gloo, and one OpenMP core list per local rank."""
+    import os
+
+    host = hosts.nodes[rank].host
+    return {
+        **os.environ,
+        "VLLM_HOST_IP": host.addr,
+        "GLOO_SOCKET_IFNAME": host.ifname,
+        "VLLM_CPU_OMP_THREADS_BIND": str(rank % (os.cpu_count() or 1)),
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+    }
+
+
+class Pipeline:
+    """The two nodes of one ``vllm serve --nnodes 2``."""
+
+    def __init__(
+        self,
+        hosts: TwoHosts,
+        models,
+        drafter: str | tuple[str, dict] | None,
+        tmp_path: Path,
+        *extra: str,
+        env: dict[int, dict[str, str]] | None = None,
+        common: dict[str, str] | None = None,
+        eager: bool = True,
+    ):
+        """``env``: extra environment per host rank; ``common``: for both."""
+        self.hosts = hosts
+        self.base = f"http://{hosts.client_addr}:{API_PORT}"
+        self.logs = [tmp_path / f"host{r}.log" for r in (0, 1)]
+        self.jobs = [
+            node.start(
+                node_args(models, drafter, hosts, r, *extra, eager=eager),
+                self.logs[r],
+                {**node_env(hosts, r), **(common or {}), **(env or {}).get(r, {})},
+            )
+            for r, node in enumerate(hosts.nodes)
+        ]
+
+    def wait_ready(self, timeout: float = 300) -> None:
+        import time
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for r, j in enumerate(self.jobs):
+                if j.poll() is not None:
+                    raise RuntimeError(
+                        f"host {r}'s vllm serve exited with {j.returncode}:\n"
+                        + "\n".join(p.read_text()[-3000:] for p in self.logs)
+                    )
+            if self.health() == 200:
+                return
+            time.sleep(1)
+        raise TimeoutError("\n".join(p.read_text()[-3000:] for p in self.logs))
+
+    def health(self) -> int:
+        try:
+            with urllib.request.urlopen(self.base + "/health", timeout=2) as r:
+                return r.status
+        except urllib.error.HTTPError as e:
+            return e.code
+        except OSError:
+            return -1
+
+    def stop(self) -> None:
+        for node, j in zip(self.hosts.nodes, self.jobs, strict=True):
+            node.kill_job(j)

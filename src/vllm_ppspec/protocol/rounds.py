@@ -93,7 +93,8 @@ def _check_header(h: torch.Tensor, sender_rows_note: str, capacity: int) -> None
 
 
 class PostedRound:
-    """A round the last rank posted; :meth:`wait` completes it on that rank."""
+    """A round posted without waiting (the last rank's :meth:`RoundChannel.post`, a
+    receiver's :meth:`RoundChannel.expect`); :meth:`wait` completes it."""
 
     def __init__(
         self,
@@ -205,6 +206,22 @@ class RoundChannel:
     ) -> Round:
         """Last PP rank: send this round and wait until every rank has it."""
         return self.post(num_reqs, sampled, drafts).wait()
+
+    def expect(self, num_reqs: int) -> PostedRound:
+        """Non-last PP rank: post this rank's side of the next round now, without
+        waiting; :meth:`PostedRound.wait` completes it when the round is needed.
+
+        ``num_reqs`` is this rank's batch size for the step whose round it is,
+        known as soon as that step ran. Posted that early, the exchange runs
+        in the background while this rank computes its next steps: a round
+        that has arrived by the time it is needed costs no wait (across hosts
+        gloo's all-reduce needs about two round trips after both sides have
+        posted; posting at receive time paid them at every step). Same
+        collective, same order, same checks as :meth:`recv`.
+        """
+        message = self._message(_header(num_reqs, self.k, sender_error=False), None)
+        work = dist.all_reduce(message, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
+        return PostedRound(self, message, work, "", None)
 
     def recv(self, num_reqs: int) -> Round:
         """Non-last PP rank: receive the round; ``num_reqs`` is this rank's batch size."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 
 class Clocks:
@@ -36,3 +37,22 @@ class Clocks:
             yield
         finally:
             setattr(self, clock, getattr(self, clock) + time.perf_counter() - start)
+
+
+class WorkerClocks:
+    """Worker mixin: this rank's clocks by vLLM's ``collective_rpc``
+    (``POST /collective_rpc {"method": "ppspec_clocks"}`` on a server started
+    with ``VLLM_SERVER_DEV_MODE=1``; scripts/bench_two_hosts.py reads them)."""
+
+    model_runner: Any
+
+    def ppspec_clocks(self) -> dict[str, float]:
+        clocks = getattr(self.model_runner, "ppspec_clocks", None)
+        if clocks is None:
+            return {}
+        return {
+            "forward_s": float(clocks.forward_s),
+            "step_s": float(clocks.step_s),
+            "wait_s": float(clocks.wait_s),
+            "steps": float(clocks.steps),
+        }

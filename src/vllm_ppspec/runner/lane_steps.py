@@ -2,12 +2,14 @@
 
 Collectives, on every rank of the PP group, one per step that sampled (step
 ``s``), in step order: the round ``all_reduce`` (:mod:`vllm_ppspec.protocol.rounds`).
-The last rank posts it at the end of ``sample_tokens(s)`` without waiting and
-completes it at the start of ``execute_model(s + PP)``; PP rank ``r`` < last
-receives it at the start of ``execute_model(s + PP - r)``, when the round is due
-(the last stage finished step ``s`` as stage ``r`` starts step ``s + PP - r``),
-or earlier if a request of its step needs it. No rank waits for a round its
-step does not need.
+Every rank posts it at the end of its ``sample_tokens(s)`` without waiting
+(the last rank with the round, the others with their side: ``expect``). The
+last rank completes it at the start of ``execute_model(s + PP)``; PP rank
+``r`` < last at the start of ``execute_model(s + PP - r)``, when the round is
+due (the last stage finished step ``s`` as stage ``r`` starts step
+``s + PP - r``), or earlier if a request of its step needs it. No rank waits
+for a round its step does not need, and a round that has arrived costs no
+wait: the exchange ran while the rank computed.
 
 Every rank then makes each step sync-shaped
 (:func:`vllm_ppspec.protocol.lane_book.make_sync_shaped`) before vLLM's
@@ -16,6 +18,7 @@ Every rank then makes each step sync-shaped
 
 from __future__ import annotations
 
+import os
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,6 +30,8 @@ from vllm_ppspec.protocol.rounds import PostedRound, RoundChannel
 from vllm_ppspec.runner.clocks import Clocks
 from vllm_ppspec.runner.rank_errors import MissingStashError
 
+PREPOST_ENV = "VLLM_PPSPEC_ROUND_PREPOST"
+
 
 @dataclass
 class LaneRows:
@@ -36,6 +41,7 @@ class LaneRows:
     req_ids: list[str]
     discard: Any  # numpy bool [rows]: partial prefills, whose sample is dropped
     num_drafts: dict[str, int]
+    pending: PostedRound | None = None  # non-last ranks: this rank's side, posted
 
 
 def lane_scheduler_selected(vllm_config: Any) -> bool:
@@ -66,6 +72,9 @@ class LaneSteps:
         self.rows: LaneRows | None = None  # this step's rows (non-last: after its forward)
         self.unreceived: deque[LaneRows] = deque()  # non-last ranks
         self.posted: deque[tuple[int, PostedRound]] = deque()  # last rank
+        # VLLM_PPSPEC_ROUND_PREPOST=0: receivers post their side only when the
+        # round is due (the earlier behaviour; for comparison).
+        self.prepost = os.environ.get(PREPOST_ENV, "1") != "0"
 
     def prepare(self, runner: Any, scheduler_output: Any) -> None:
         """Every rank, before vLLM's execute_model: the step made sync-shaped."""
@@ -106,7 +115,10 @@ class LaneSteps:
         )
 
     def _receive(self, rows: LaneRows) -> None:
-        rnd = self.channel.recv(len(rows.req_ids))
+        if rows.pending is not None:
+            rnd = rows.pending.wait()
+        else:
+            rnd = self.channel.recv(len(rows.req_ids))
         if self.fault.reached("raise_in_round", rows.step + 1):
             raise faults.InjectedFault(f"raise_in_round@{rows.step + 1} on a non-last rank")
         self.book.record(
@@ -127,6 +139,8 @@ class LaneSteps:
                 rows = None
             if rows is None:
                 raise MissingStashError.on_rank(self.pp_rank, "a step executed before it")
+            if self.prepost:
+                rows.pending = self.channel.expect(len(rows.req_ids))
             self.unreceived.append(rows)
             return output
         output, sampled = vllm_sample_capturing()
