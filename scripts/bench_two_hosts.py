@@ -1,7 +1,8 @@
 """PP=2 across two hosts over a slow link: speculation against none.
 
-    .venv/bin/python scripts/bench_two_hosts.py [--delays 0,5] [--modes nospec,sync,async]
-        [--drafter draft_copy] [--tokens 128] [--repeats 2] [--out results/two_hosts.json]
+    .venv/bin/python scripts/bench_two_hosts.py [--delays 0,1,5]
+        [--modes nospec,sync,async,async-noprepost,ngram] [--drafter draft_copy]
+        [--tokens 128] [--repeats 2] [--out results/two_hosts.json]
 
 Two hosts of network + pid namespaces (tests/two_hosts.py) joined by the
 delay line (tests/delay_line.py: every packet delayed by D ms one way). For
@@ -13,8 +14,9 @@ interleaved over the in-flight counts; min and median are reported. Modes:
 ``nospec`` (PP=2, no speculative config), ``sync`` / ``async`` (the tiny
 drafter, k=3, with sync / async scheduling), ``async-noprepost`` (async with
 ``VLLM_PPSPEC_ROUND_PREPOST=0``: receivers post their side of each round only
-when it is due, as before), ``ngram`` (the planted target with ngram, sync). The servers run with ``VLLM_SERVER_DEV_MODE=1`` so that the
-bench reads each rank's runner clocks (``/collective_rpc ppspec_clocks``): the
+when it is due, as before), ``ngram`` (the planted target with ngram, sync).
+The servers run with ``VLLM_SERVER_DEV_MODE=1`` so that the bench reads each
+rank's runner clocks (``/collective_rpc ppspec_clocks``): the
 round wait per step on PP rank 0, in microseconds, against the round trip
 (2 x the delay). Needs root.
 """
