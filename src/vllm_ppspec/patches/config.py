@@ -117,15 +117,14 @@ def legacy_ray_async(vllm_config: Any) -> bool:
     (``VLLM_USE_RAY_V2_EXECUTOR_BACKEND=0``). vLLM's default Ray executor,
     ``RayExecutorV2``, subclasses the mp executor and runs the plugin's worker
     like it; the legacy one drives the runner itself and samples on the last
-    rank only, so the other ranks never post or receive a round."""
+    rank only, so the other ranks never post or receive a round. vLLM 0.33
+    removed the legacy one."""
     import vllm.envs as envs
 
     backend = vllm_config.parallel_config.distributed_executor_backend
-    return (
-        backend == "ray"
-        and bool(vllm_config.scheduler_config.async_scheduling)
-        and not envs.VLLM_USE_RAY_V2_EXECUTOR_BACKEND
-    )
+    # vLLM 0.33 has RayExecutorV2 only (no such switch): never the legacy one.
+    v2 = getattr(envs, "VLLM_USE_RAY_V2_EXECUTOR_BACKEND", True)
+    return backend == "ray" and bool(vllm_config.scheduler_config.async_scheduling) and not v2
 
 
 def _on_cpu() -> bool:
