@@ -20,8 +20,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -31,6 +29,7 @@ from vllm_ppspec_tools.fixtures.run_offline import cpu_env
 from vllm_ppspec_tools.fixtures.server import (
     Server,
     greedy_completion,
+    health,
     openai_client,
     pp_spec_args,
     serve_args,
@@ -66,13 +65,7 @@ def _greedy(client, prompt: list[int], n: int) -> list[int]:
 
 
 def _health(srv: Server) -> int:
-    try:
-        with urllib.request.urlopen(srv.base + "/health", timeout=2) as r:
-            return r.status
-    except urllib.error.HTTPError as e:
-        return e.code
-    except OSError:
-        return -1  # not answering at all
+    return health(srv.base)  # -1: not answering at all
 
 
 def _session_procs(sid: int) -> dict[int, str]:

@@ -13,8 +13,6 @@ import os
 import re
 import signal
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -28,6 +26,7 @@ from tests.test_e2e_hybrid import REQUESTS as HYBRID_REQUESTS
 from tests.two_hosts import Pipeline, two_hosts
 from vllm_ppspec_tools.fixtures.server import (
     greedy_completion,
+    metrics,
     openai_client,
     token_ids,
 )
@@ -50,17 +49,6 @@ def hosts():
 def pp1_reference(models):
     """PP=1 without speculation, vLLM's own worker, one host: the oracle."""
     return {name: run_job(job(models[name], worker="stock")).outputs for name in ("target", "mimo")}
-
-
-def metrics(base: str) -> dict[str, float]:
-    with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
-        text = r.read().decode()
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name = line.split("{")[0].split(" ")[0]
-            out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
-    return out
 
 
 def spec_counts(base: str) -> dict[str, int]:

@@ -20,8 +20,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -32,7 +30,7 @@ from tests.acceptance import K
 from tests.delay_line import delay_link
 from tests.netns import Host, _ip, bare_hosts, veth_hosts
 from vllm_ppspec_tools.fixtures import forkserver
-from vllm_ppspec_tools.fixtures.server import pp_spec_args, serve_args
+from vllm_ppspec_tools.fixtures.server import health, pp_spec_args, serve_args
 from vllm_ppspec_tools.fixtures.spec_configs import tiny_spec
 
 REPO = Path(__file__).resolve().parent.parent
@@ -306,13 +304,7 @@ class Pipeline:
         raise TimeoutError("\n".join(p.read_text()[-3000:] for p in self.logs))
 
     def health(self) -> int:
-        try:
-            with urllib.request.urlopen(self.base + "/health", timeout=2) as r:
-                return r.status
-        except urllib.error.HTTPError as e:
-            return e.code
-        except OSError:
-            return -1
+        return health(self.base)
 
     def stop(self) -> None:
         for node, j in zip(self.hosts.nodes, self.jobs, strict=True):
