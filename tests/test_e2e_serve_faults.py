@@ -32,6 +32,7 @@ from vllm_ppspec_tools.fixtures.server import (
     health,
     openai_client,
     pp_spec_args,
+    request_outcome,
     serve_args,
     token_ids,
 )
@@ -95,17 +96,7 @@ def test_sigkill_of_a_worker_fails_requests_and_the_server_promptly(models, tmp_
         # when most requests had ended on the server but not yet here).
         def one(i: int) -> str:
             try:
-                resp = client.completions.create(
-                    model="tiny",
-                    prompt=[5 + i, 6, 7],
-                    max_tokens=n_tokens,
-                    temperature=0.0,
-                    extra_body={"ignore_eos": True},
-                )
-                finish = resp.choices[0].finish_reason
-                return "completed" if finish == "length" else f"cut: {finish}"
-            except Exception as e:  # noqa: BLE001 - the error is what we expect
-                return f"error: {type(e).__name__}"
+                return request_outcome(client, "tiny", [5 + i, 6, 7], n_tokens)
             finally:
                 finished.add(i)
 

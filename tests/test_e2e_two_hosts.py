@@ -28,6 +28,7 @@ from vllm_ppspec_tools.fixtures.server import (
     greedy_completion,
     metrics,
     openai_client,
+    request_outcome,
     token_ids,
 )
 from vllm_ppspec_tools.fixtures.spec_configs import ALIASES, tiny_spec
@@ -214,17 +215,7 @@ def test_a_fault_across_hosts_fails_requests_and_ends_both_hosts(hosts, models, 
 
         def one(i: int) -> str:
             try:
-                resp = client.completions.create(
-                    model="tiny",
-                    prompt=[5 + i, 6, 7],
-                    max_tokens=MAX_MODEL_LEN - 8,
-                    temperature=0.0,
-                    extra_body={"ignore_eos": True},
-                )
-                finish = resp.choices[0].finish_reason
-                return "completed" if finish == "length" else f"cut: {finish}"
-            except Exception as e:  # noqa: BLE001 - the error is what we expect
-                return f"error: {type(e).__name__}"
+                return request_outcome(client, "tiny", [5 + i, 6, 7], MAX_MODEL_LEN - 8)
             finally:
                 finished.add(i)
 
