@@ -43,14 +43,15 @@ def require_netns() -> None:
 
 
 @contextmanager
-def bare_hosts(tag: str) -> Iterator[tuple[Host, Host]]:
+def bare_hosts(tag: str, prefix: str = "pt", net: int = 233) -> Iterator[tuple[Host, Host]]:
     """Two namespaces, ``ppspec-<tag>-<pid>-{a,b}``, with no link between them
-    (the caller adds one, e.g. tests/delay_line.py); addresses as veth_hosts'."""
+    (the caller adds one: veth_hosts, or tests/delay_line.py), their interface
+    names and addresses (``10.<net>.<n>.1`` and ``.2``) chosen for it."""
     require_netns()
     pid = os.getpid()
     subnet = 1 + pid % 250
-    a = Host(f"ppspec-{tag}-{pid}-a", f"pt{pid % 100000}a", f"10.233.{subnet}.1")
-    b = Host(f"ppspec-{tag}-{pid}-b", f"pt{pid % 100000}b", f"10.233.{subnet}.2")
+    a = Host(f"ppspec-{tag}-{pid}-a", f"{prefix}{pid % 100000}a", f"10.{net}.{subnet}.1")
+    b = Host(f"ppspec-{tag}-{pid}-b", f"{prefix}{pid % 100000}b", f"10.{net}.{subnet}.2")
     try:
         for host in (a, b):
             _ip("netns", "add", host.netns)
@@ -64,24 +65,13 @@ def bare_hosts(tag: str) -> Iterator[tuple[Host, Host]]:
 @contextmanager
 def veth_hosts(tag: str) -> Iterator[tuple[Host, Host]]:
     """Two namespaces, ``ppspec-<tag>-<pid>-{a,b}``, linked by a veth pair."""
-    require_netns()
-    pid = os.getpid()
-    subnet = 1 + pid % 250
-    a = Host(f"ppspec-{tag}-{pid}-a", f"pp{pid % 100000}a", f"10.231.{subnet}.1")
-    b = Host(f"ppspec-{tag}-{pid}-b", f"pp{pid % 100000}b", f"10.231.{subnet}.2")
-    try:
-        for host in (a, b):
-            _ip("netns", "add", host.netns)
-            _ip("-n", host.netns, "link", "set", "lo", "up")
+    with bare_hosts(tag, "pp", 231) as (a, b):
         _ip("link", "add", a.ifname, "netns", a.netns, "type", "veth", "peer", "name", b.ifname)
         _ip("link", "set", b.ifname, "netns", b.netns)
         for host in (a, b):
             _ip("-n", host.netns, "addr", "add", f"{host.addr}/24", "dev", host.ifname)
             _ip("-n", host.netns, "link", "set", host.ifname, "up")
         yield a, b
-    finally:
-        for host in (a, b):
-            subprocess.run(["ip", "netns", "delete", host.netns], capture_output=True)
 
 
 def link_down(host: Host) -> None:

@@ -39,42 +39,17 @@ API_PORT = 8000
 MASTER_PORT = 29511
 
 
-class HostForkServer(forkserver.ForkServer):
+def host_fork_server(host: Host, hostname: str) -> forkserver.ForkServer:
     """A fork server started as process 1's child in a host's namespaces."""
-
-    def __init__(self, host: Host, hostname: str) -> None:
-        super().__init__()
-        self.host, self.hostname = host, hostname
-        self.launcher: subprocess.Popen[bytes] | None = None
-
-    def _ensure(self) -> subprocess.Popen[bytes]:
-        if self._proc is not None and self._proc.poll() is None:
-            return self._proc
-        script = (
-            "mount -t tmpfs -o size=4g tmpfs /dev/shm && "
-            f"hostname {self.hostname} && exec {sys.executable} -m tests.node_init"
-        )
-        cmd = self.host.cmd(
-            "unshare", "--pid", "--fork", "--mount-proc", "--uts", "--mount",
-            "sh", "-c", script,
-        )  # fmt: skip
-        proc = subprocess.Popen(
-            cmd,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-            cwd=REPO,
-            env={**os.environ, "PYTHONPATH": str(REPO)},
-        )
-        assert proc.stdout is not None
-        if not proc.stdout.readline():
-            raise RuntimeError(f"host {self.hostname}: its fork server died while importing vLLM")
-        self._proc, self._gone, self.launcher = proc, False, proc
-        import threading
-
-        threading.Thread(target=self._read_replies, args=(proc,), daemon=True).start()
-        return proc
+    script = (
+        "mount -t tmpfs -o size=4g tmpfs /dev/shm && "
+        f"hostname {hostname} && exec {sys.executable} -m tests.node_init"
+    )
+    cmd = host.cmd(
+        "unshare", "--pid", "--fork", "--mount-proc", "--uts", "--mount", "sh", "-c", script
+    )  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return forkserver.ForkServer(cmd, str(REPO), env, f"host {hostname}'s fork server")
 
 
 def _pid_ns(pid: int) -> str:
@@ -92,13 +67,13 @@ def _children(pid: int) -> list[int]:
 class Node:
     rank: int
     host: Host
-    server: HostForkServer
+    server: forkserver.ForkServer
     jobs: list[Any] = field(default_factory=list)
 
     def init_pid(self) -> int:
         """Root-namespace pid of this host's process 1 (unshare's child)."""
-        assert self.server.launcher is not None
-        return _children(self.server.launcher.pid)[0]
+        assert self.server._proc is not None  # ip netns exec -> unshare, in place
+        return _children(self.server._proc.pid)[0]
 
     def pids(self) -> list[int]:
         """Root-namespace pids of every process in this host's pid namespace."""
@@ -186,7 +161,7 @@ def two_hosts(tag: str, delay_ms: float | None = None) -> Iterator[TwoHosts]:
         _ip("-n", a.netns, "addr", "add", f"{client_addr}/24", "dev", host_if)
         _ip("-n", a.netns, "link", "set", host_if, "up")
         nodes = tuple(
-            Node(rank, host, HostForkServer(host, f"ppspec-host{rank}"))
+            Node(rank, host, host_fork_server(host, f"ppspec-host{rank}"))
             for rank, host in enumerate((a, b))
         )
         for node in nodes:
@@ -248,8 +223,6 @@ def node_args(
 def node_env(hosts: TwoHosts, rank: int) -> dict[str, str]:
     """What each node needs (README, "Across hosts"): its own address for vLLM
     and gloo, and one OpenMP core list per local rank."""
-    import os
-
     host = hosts.nodes[rank].host
     return {
         **os.environ,
@@ -288,8 +261,6 @@ class Pipeline:
         ]
 
     def wait_ready(self, timeout: float = 300) -> None:
-        import time
-
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for r, j in enumerate(self.jobs):
