@@ -66,8 +66,17 @@ def test_the_output_rank_raises_as_vllm_expects(monkeypatch, ended):
 def test_errors_every_rank_raises_are_left_to_the_output_rank(monkeypatch, ended):
     _output_rank(monkeypatch, False)
     with pytest.raises(RoundDivergenceError):
-        _Worker(RoundDivergenceError("rows differ")).sample_tokens()
+        _Worker(RoundDivergenceError("rows differ", every_rank=True)).sample_tokens()
     assert ended == []
+
+
+def test_a_divergence_only_this_receiver_sees_ends_its_worker(monkeypatch, ended):
+    # The last rank cannot know (rounds go one way): left to the output rank,
+    # nobody would report it and the engine would carry on without this rank.
+    _output_rank(monkeypatch, False)
+    with pytest.raises(SystemExit):
+        _Worker(RoundDivergenceError("rows differ", every_rank=False)).sample_tokens()
+    assert ended == ["sample_tokens: rows differ"]
 
 
 def test_without_the_plugin_active_vllm_behaviour_is_kept(monkeypatch, ended):

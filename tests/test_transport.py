@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from tests.distributed import run_ranks
 from vllm_ppspec.protocol.accounting import next_tokens_and_counts
-from vllm_ppspec.protocol.rounds import RoundChannel, RoundDivergenceError
+from vllm_ppspec.protocol.rounds import ROUND_TAG, RoundChannel, RoundDivergenceError
 
 K = 3
 LAST = 1
@@ -76,20 +76,28 @@ def _divergent_rows(rank: int, world: int):
         else:
             _channel().recv(2)  # this rank thinks it holds 2 requests
     except RoundDivergenceError as e:
-        # After the error the group is still usable: no collective was left open.
+        # After the error the group is still usable: no message was left open.
         dist.barrier()
-        return ("raised", str(e), time.monotonic() - t0)
-    return ("returned", "", time.monotonic() - t0)
+        return ("raised", str(e), e.every_rank, time.monotonic() - t0)
+    dist.barrier()
+    return ("returned", "", None, time.monotonic() - t0)
 
 
-def test_row_count_divergence_raises_on_both_ranks_quickly():
+def test_row_count_divergence_raises_on_the_receiver_quickly():
+    # Rounds go one way: the receiver sees the difference and raises alone
+    # (every_rank False, so that its worker ends: test_rank_errors.py).
     results = run_ranks(_divergent_rows, timeout=60)
     for r in results:
         assert r.error is None and not r.hung, r.message
-        outcome, msg, seconds = r.value
-        assert outcome == "raised"
-        assert "between 2 and 3 requests" in msg
-        assert seconds < 10
+    receiver, sender = results[0].value, results[1].value
+    assert receiver[:3] == (
+        "raised",
+        receiver[1],
+        False,
+    ) and "between 2 and 3 requests" in receiver[1]
+    assert "this rank's step 2" in receiver[1]
+    assert receiver[3] < 10
+    assert sender[0] == "returned"
 
 
 def _sender_batch_mismatch(rank: int, world: int):
@@ -102,7 +110,7 @@ def _sender_batch_mismatch(rank: int, world: int):
             _channel().recv(3)
     except RoundDivergenceError as e:
         dist.barrier()
-        return str(e)
+        return str(e) if e.every_rank else "every_rank is False"
     return None
 
 
@@ -112,7 +120,7 @@ def test_sender_row_check_against_its_batch_raises_everywhere():
         assert r.error is None and not r.hung, r.message
         assert r.value is not None
     assert "sampled 3 rows but its input batch holds 4" in results[1].value
-    assert "rows differ" in results[0].value or "sampled 3 rows" in results[0].value
+    assert "rows differ" in results[0].value
 
 
 def _too_wide(rank: int, world: int):
@@ -156,12 +164,14 @@ def test_num_spec_tokens_mismatch_raises_everywhere():
 
 def _rounds_counted(rank: int, world: int):
     """Three rounds of different sizes on one channel; count the collectives."""
-    calls = {"all_reduce": 0, "broadcast": 0}
+    calls = {"all_reduce": 0, "broadcast": 0, "isend": 0, "irecv": 0, "send": 0, "recv": 0}
     for name in calls:
         original = getattr(dist, name)
 
         def counted(*args, _name=name, _original=original, **kwargs):
             calls[_name] += 1
+            if _name in ("isend", "irecv"):
+                assert kwargs.get("tag") == ROUND_TAG  # never vLLM's tag 0
             return _original(*args, **kwargs)
 
         setattr(dist, name, counted)
@@ -175,13 +185,22 @@ def _rounds_counted(rank: int, world: int):
     return got, calls
 
 
-def test_one_all_reduce_per_round_after_one_shape_check():
+def test_one_message_per_round_one_way_after_one_shape_check():
     results = run_ranks(_rounds_counted)
     for r in results:
         assert r.error is None and not r.hung, r.message
-        got, calls = r.value
-        # 1 shape agreement + 1 per round; nothing else.
-        assert calls == {"all_reduce": 4, "broadcast": 0}
+    # 1 shape agreement on every rank, then one message per round: the last
+    # rank sends it, the other receives it; nothing else.
+    receiver, sender = results[0].value[1], results[1].value[1]
+    assert sender == {"all_reduce": 1, "broadcast": 0, "isend": 3, "irecv": 0, "send": 0, "recv": 0}
+    assert receiver == {
+        "all_reduce": 1,
+        "broadcast": 0,
+        "isend": 0,
+        "irecv": 3,
+        "send": 0,
+        "recv": 0,
+    }
     assert results[0].value[0] == results[1].value[0]
     sampled, drafts = results[0].value[0][2]
     assert sampled[-1] == list(range((CAPACITY - 1) * (K + 1), CAPACITY * (K + 1)))
@@ -258,17 +277,17 @@ def test_posted_rounds_do_not_wait_for_the_receivers_and_arrive_in_order():
 def _posted_divergence(rank: int, world: int):
     ch = _channel()
     if rank == LAST:
-        posted = ch.post(2, torch.tensor([[1, -1], [2, -1]]), None)
-        posted.wait()
-    else:
-        ch.recv(3)
+        ch.post(2, torch.tensor([[1, -1], [2, -1]]), None).wait()
+        return "sent"
+    ch.recv(3)
 
 
-def test_a_posted_round_that_diverges_raises_on_both_ranks():
+def test_a_posted_round_that_diverges_raises_on_the_receiver():
     results = run_ranks(_posted_divergence)
     for r in results:
         assert not r.hung, r.message
-        assert r.error == "RoundDivergenceError", r.message
+    assert results[0].error == "RoundDivergenceError", results[0].message
+    assert results[1].error is None and results[1].value == "sent"
 
 
 def _expected_rounds(rank: int, world: int):
@@ -297,16 +316,39 @@ def test_a_receiver_posts_its_side_early_and_then_pays_no_wait():
     assert waited < 0.1, waited  # both rounds were already there
 
 
+def _late_round(rank: int, world: int):
+    """The receiver waits for a round the sender sends only 0.5 s later."""
+    ch = _channel()
+    ch.agree_shape()
+    if rank == LAST:
+        time.sleep(0.5)
+        ch.send(1, torch.tensor([[6, -1]]), None)
+        return None
+    t0 = time.perf_counter()
+    rnd = ch.expect(1).wait()
+    return time.perf_counter() - t0, rnd.travel_wait_s
+
+
+def test_a_round_counts_as_travel_only_the_wait_after_it_was_sent():
+    results = run_ranks(_late_round)
+    for r in results:
+        assert r.error is None and not r.hung, r.message
+    waited, travel = results[0].value
+    assert waited >= 0.45, waited  # the receiver waited for the sender ...
+    assert 0.0 <= travel < 0.1, travel  # ... but the round, once sent, came at once
+
+
 def _expected_divergence(rank: int, world: int):
     ch = _channel()
     if rank == LAST:
         ch.post(2, torch.tensor([[1, -1], [2, -1]]), None).wait()
-    else:
-        ch.expect(3).wait()  # this rank's step held 3 requests
+        return "sent"
+    ch.expect(3).wait()  # this rank's step held 3 requests
 
 
-def test_an_expected_round_that_diverges_raises_on_both_ranks():
+def test_an_expected_round_that_diverges_raises_on_the_receiver():
     results = run_ranks(_expected_divergence)
     for r in results:
         assert not r.hung, r.message
-        assert r.error == "RoundDivergenceError", r.message
+    assert results[0].error == "RoundDivergenceError", results[0].message
+    assert results[1].error is None and results[1].value == "sent"

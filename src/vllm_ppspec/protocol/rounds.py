@@ -3,24 +3,27 @@
 Pure ``torch.distributed`` on a gloo (CPU) process group; it knows nothing of
 vLLM's runner, so it is tested with two plain processes.
 
-One rendezvous per round. A :class:`RoundChannel` has a static message size,
-``5 + capacity * (2k+1)`` int32 (``capacity`` = the scheduler's
-``max_num_seqs``), so header and payload travel together in one
-``all_reduce(MAX)`` that every rank of the PP group calls, every round, in
-this order:
+One message per round, one way. A :class:`RoundChannel` has a static message
+size, ``5 + capacity * (2k+1)`` int32 (``capacity`` = the scheduler's
+``max_num_seqs``): a header and the payload. The last rank sends it to every
+other rank of the PP group (one gloo ``isend`` per receiver, tag
+:data:`ROUND_TAG`); every other rank receives it (``irecv`` from the last
+rank, same tag), once per round, rounds in the same order on every rank:
 
-- every rank writes a 5-int header: its row count (the sender: the rows of
-  its sampled matrix; a receiver: its own ``input_batch.num_reqs``), the row
-  count negated, the sender's error flag, ``k`` and ``-k``;
-- the last rank writes its ``[rows, k+1]`` sampled matrix (``-1`` padded) and
-  ``[rows, k]`` draft ids side by side into the first ``rows`` rows of the
-  payload area; every other payload int, on every rank, is ``INT32_MIN``, so
-  the maximum is the sender's payload.
+- the header: the sender's row count (the rows of its sampled matrix), its
+  error flag (its own input was inconsistent), ``k``, and the wall clock at
+  which it sent the round (microseconds, two int32 words);
+- the payload: the ``[rows, k+1]`` sampled matrix (``-1`` padded) and the
+  ``[rows, k]`` draft ids side by side in the first ``rows`` rows.
 
-Afterwards every rank holds the minimum and maximum row count and ``k`` of all
-ranks, whether the sender found its own input inconsistent, and the round. If
-anything disagrees, every rank raises :class:`RoundDivergenceError` after that
-same collective: nobody is left waiting, and the group stays usable.
+Who raises :class:`RoundDivergenceError`:
+
+- the sender's own error (or more rows than ``max_num_seqs``) travels in the
+  header: every rank raises, after the same message (``every_rank=True``);
+- a receiver whose own batch holds another number of requests than the round,
+  or another ``k``, raises alone (``every_rank=False``): the sender cannot
+  know. Its worker then ends (:mod:`vllm_ppspec.runner.rank_errors`) and the
+  engine with it, so nobody waits for it.
 
 The size must be equal on every rank before any round, so a channel starts
 with one blocking ``all_reduce(MAX)`` of ``[capacity, -capacity, k, -k]``
@@ -28,20 +31,27 @@ with one blocking ``all_reduce(MAX)`` of ``[capacity, -capacity, k, -k]``
 start-up; otherwise the first round does): ranks built with different
 ``max_num_seqs`` or ``num_speculative_tokens`` raise there, on every rank.
 
-Why one message of static size: between hosts each collective costs a network
-round trip (vLLM #44697 reports ~25 ms of fixed cost per speculative round on
-slow links). Two rendezvous (a header, then a payload sized by it) cost two;
-the static message costs one, for a few KB more bytes (7 KB at 256 requests,
-k=3). ``python -m vllm_ppspec_tools.transport_bench`` measures both.
+Why one way: between hosts, what a round costs is the trips it needs. gloo
+sends a message once the receiver has posted its receive, so a receiver
+that posts it early (:meth:`RoundChannel.expect`, at the end of the step whose
+round it is) gets the round one one-way trip after the sender sent it. An
+``all_reduce`` (this module's protocol until 2026-12) needs both ranks' data
+both ways: about three one-way trips after the sender joined, even with the
+receiver's side posted early. vLLM #44697 reports ~25 ms of fixed cost per
+speculative round on slow links. A static size keeps it one message (a
+header, then a payload sized by it, would be two).
 
 Why gloo: on CUDA, the PP ``device_group`` (NCCL) is the communicator the
-pipeline's send/recv use; a collective issued there interleaves with in-flight
+pipeline's send/recv use; a round issued there interleaves with in-flight
 ``isend``/``irecv`` of another micro-step and deadlocks. The payload is a few
-thousand integers, so a CPU rendezvous costs little and has no stream ordering.
+thousand integers, so a CPU message costs little and has no stream ordering.
+vLLM's own point-to-point messages on the ``cpu_group`` use tag 0; rounds use
+their own tag, so the two never match each other.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -49,9 +59,21 @@ import torch.distributed as dist
 
 from vllm_ppspec.protocol.accounting import draft_matrix, pad_sampled
 
+ROUND_TAG = 0x5053  # "PS"; vLLM's point-to-point messages use tag 0
+HEADER = 5
+_LOW = (1 << 31) - 1
+
 
 class RoundDivergenceError(RuntimeError):
-    """PP ranks disagree about the shape of a speculative round."""
+    """PP ranks disagree about the shape of a speculative round.
+
+    ``every_rank``: every rank of the PP group raises it for the same round
+    (the sender found it); otherwise only this rank does.
+    """
+
+    def __init__(self, message: str, every_rank: bool = True) -> None:
+        super().__init__(message)
+        self.every_rank = every_rank
 
 
 @dataclass(frozen=True)
@@ -60,36 +82,59 @@ class Round:
 
     sampled: torch.Tensor  # [rows, k + 1], -1 padded
     drafts: torch.Tensor  # [rows, k]
-
-
-HEADER = 5
-EMPTY = torch.iinfo(torch.int32).min  # payload filler: loses every MAX
+    # Receivers: seconds this rank waited for the round after it was sent
+    # (sender's wall clock against this rank's: exact on one machine).
+    travel_wait_s: float = 0.0
 
 
 def _header(rows: int, k: int, sender_error: bool) -> torch.Tensor:
-    return torch.tensor([rows, -rows, int(sender_error), k, -k], dtype=torch.int32)
+    sent_us = time.time_ns() // 1000
+    return torch.tensor(
+        [rows, int(sender_error), k, sent_us >> 31, sent_us & _LOW], dtype=torch.int32
+    )
 
 
-def _check_header(h: torch.Tensor, sender_rows_note: str, capacity: int) -> None:
-    max_rows, min_rows = int(h[0]), -int(h[1])
-    sender_error = bool(h[2])
-    max_k, min_k = int(h[3]), -int(h[4])
+def _sent_at(header: torch.Tensor) -> float:
+    return ((int(header[3]) << 31) | int(header[4])) / 1e6
+
+
+def _divergence(problems: list[str], every_rank: bool) -> RoundDivergenceError:
+    return RoundDivergenceError(
+        "pipeline-parallel ranks disagree on the speculative round: "
+        + "; ".join(problems)
+        + ". Every PP rank must run the same scheduler output; this is a bug "
+        "in the engine or the plugin, please report it with the log of every rank.",
+        every_rank=every_rank,
+    )
+
+
+def _check_sender(header: torch.Tensor, note: str, capacity: int) -> None:
+    """Every rank: what the sender found (in the header it sent)."""
+    rows, sender_error = int(header[0]), bool(header[1])
     problems = []
     if sender_error:
-        problems.append(sender_rows_note or "the last PP rank's sampled rows differ from its batch")
-    if max_rows != min_rows:
-        problems.append(f"ranks hold between {min_rows} and {max_rows} requests")
-    if max_k != min_k:
-        problems.append(f"ranks use num_speculative_tokens between {min_k} and {max_k}")
-    if max_rows > capacity:
-        problems.append(f"a rank holds {max_rows} requests, more than max_num_seqs={capacity}")
+        problems.append(note or "the last PP rank's sampled rows differ from its batch")
+    if rows > capacity:
+        problems.append(f"a rank holds {rows} requests, more than max_num_seqs={capacity}")
     if problems:
-        raise RoundDivergenceError(
-            "pipeline-parallel ranks disagree on the speculative round: "
-            + "; ".join(problems)
-            + ". Every PP rank must run the same scheduler output; this is a bug "
-            "in the engine or the plugin, please report it with the log of every rank."
+        raise _divergence(problems, every_rank=True)
+
+
+def _check_receiver(header: torch.Tensor, num_reqs: int, k: int) -> None:
+    """A receiver: the round against its own batch."""
+    rows, sent_k = int(header[0]), int(header[2])
+    problems = []
+    if rows != num_reqs:
+        problems.append(
+            f"ranks hold between {min(rows, num_reqs)} and {max(rows, num_reqs)} requests "
+            f"(the last PP rank's round has {rows} rows, this rank's step {num_reqs})"
         )
+    if sent_k != k:
+        problems.append(
+            f"ranks use num_speculative_tokens between {min(k, sent_k)} and {max(k, sent_k)}"
+        )
+    if problems:
+        raise _divergence(problems, every_rank=False)
 
 
 class PostedRound:
@@ -100,21 +145,30 @@ class PostedRound:
         self,
         channel: RoundChannel,
         message: torch.Tensor,
-        work: object,
+        works: list[object],
         note: str,
         local: Round | None,
+        num_reqs: int | None,
     ) -> None:
-        self.channel, self.message, self.work, self.note = channel, message, work, note
+        self.channel, self.message, self.works, self.note = channel, message, works, note
         self.local = local  # what was sent (None if the sender's input was malformed)
+        self.num_reqs = num_reqs  # receivers: this rank's batch size for the round
 
     def wait(self) -> Round:
-        self.work.wait()  # type: ignore[attr-defined]
-        _check_header(self.message[:HEADER], self.note, self.channel.capacity)
-        return self.channel._round(self.message)
+        start = time.time()
+        for work in self.works:
+            work.wait()  # type: ignore[attr-defined]
+        header = self.message[:HEADER]
+        _check_sender(header, self.note, self.channel.capacity)
+        if self.num_reqs is None:  # the sender
+            return self.channel._round(self.message, 0.0)
+        _check_receiver(header, self.num_reqs, self.channel.k)
+        travel = max(0.0, time.time() - max(start, _sent_at(header)))
+        return self.channel._round(self.message, travel)
 
 
 class RoundChannel:
-    """The round exchange of one PP group: one ``all_reduce`` per round (module docstring).
+    """The round messages of one PP group, last rank to the others (module docstring).
 
     ``src`` is the last rank's global rank; ``capacity`` the most requests a
     batch holds (``max_num_seqs``); ``k`` is ``num_speculative_tokens``.
@@ -123,16 +177,16 @@ class RoundChannel:
     def __init__(self, group: dist.ProcessGroup, src: int, capacity: int, k: int) -> None:
         self.group, self.src, self.capacity, self.k = group, src, capacity, k
         self.width = 2 * k + 1
+        self.receivers = [r for r in dist.get_process_group_ranks(group) if r != src]
         self._agreed = False
 
     def agree_shape(self) -> None:
         """Once, on every rank, before the first round: equal message sizes.
 
         Blocking. The runner calls it at start-up, where every PP rank builds
-        its channel; left to the first round, the last rank's first
-        :meth:`post` would wait here until a receiver's first round, PP steps
-        later under lanes, and at DP > 1 the engine runs a blocking dummy batch
-        on every rank in between: a deadlock (docs/design.md, "Lanes at DP > 1").
+        its channel; left to the first round, at DP > 1 the engine runs a
+        blocking dummy batch on every rank in between: a deadlock
+        (docs/design.md, "Lanes at DP > 1").
         """
         shape = torch.tensor([self.capacity, -self.capacity, self.k, -self.k], dtype=torch.int64)
         dist.all_reduce(shape, op=dist.ReduceOp.MAX, group=self.group)
@@ -146,24 +200,15 @@ class RoundChannel:
             )
         self._agreed = True
 
-    def _message(self, header: torch.Tensor, payload: torch.Tensor | None) -> torch.Tensor:
+    def _empty(self) -> torch.Tensor:
         if not self._agreed:
             self.agree_shape()
-        message = torch.full((HEADER + self.capacity * self.width,), EMPTY, dtype=torch.int32)
-        message[:HEADER] = header
-        if payload is not None:
-            message[HEADER : HEADER + payload.numel()] = payload.reshape(-1)
-        return message
+        return torch.zeros(HEADER + self.capacity * self.width, dtype=torch.int32)
 
-    def _exchange(self, header: torch.Tensor, payload: torch.Tensor | None) -> torch.Tensor:
-        message = self._message(header, payload)
-        dist.all_reduce(message, op=dist.ReduceOp.MAX, group=self.group)
-        return message
-
-    def _round(self, message: torch.Tensor) -> Round:
-        rows = int(message[0])
+    def _round(self, message: torch.Tensor, travel_wait_s: float) -> Round:
+        rows = min(int(message[0]), self.capacity)
         payload = message[HEADER : HEADER + rows * self.width].view(rows, self.width)
-        return Round(payload[:, : self.k + 1], payload[:, self.k + 1 :])
+        return Round(payload[:, : self.k + 1], payload[:, self.k + 1 :], travel_wait_s)
 
     def post(
         self,
@@ -171,11 +216,11 @@ class RoundChannel:
         sampled: torch.Tensor,
         drafts: torch.Tensor | list[list[int]] | None,
     ) -> PostedRound:
-        """Last PP rank: start this round's exchange without waiting for the others.
+        """Last PP rank: send this round to every other rank without waiting.
 
         ``num_reqs`` is the sender's ``input_batch.num_reqs``; a sampled tensor
         with another row count is reported to every rank and raised (by
-        :meth:`PostedRound.wait` here). Rounds complete in the order posted.
+        :meth:`PostedRound.wait` here). Rounds arrive in the order posted.
         """
         rows = int(sampled.shape[0])
         note = ""
@@ -187,16 +232,21 @@ class RoundChannel:
                 f"{num_reqs} requests"
             )
         elif rows <= self.capacity:
-            # Shape checks happen before the exchange so that a bad tensor is
-            # reported to every rank by the same collective.
+            # Shape checks happen before sending so that a bad tensor is
+            # reported to every rank by the same message.
             try:
                 local = Round(pad_sampled(sampled, self.k), draft_matrix(drafts, rows, self.k))
                 payload = torch.cat([local.sampled, local.drafts], dim=1)
             except ValueError as e:
                 note = f"the last PP rank produced a malformed round: {e}"
-        message = self._message(_header(rows, self.k, bool(note)), payload)
-        work = dist.all_reduce(message, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
-        return PostedRound(self, message, work, note, local)
+        message = self._empty()
+        message[:HEADER] = _header(rows, self.k, bool(note))
+        if payload is not None:
+            message[HEADER : HEADER + payload.numel()] = payload.reshape(-1)
+        works = [
+            dist.isend(message, dst, group=self.group, tag=ROUND_TAG) for dst in self.receivers
+        ]
+        return PostedRound(self, message, list(works), note, local, None)
 
     def send(
         self,
@@ -204,27 +254,24 @@ class RoundChannel:
         sampled: torch.Tensor,
         drafts: torch.Tensor | list[list[int]] | None,
     ) -> Round:
-        """Last PP rank: send this round and wait until every rank has it."""
+        """Last PP rank: send this round and wait until it has left."""
         return self.post(num_reqs, sampled, drafts).wait()
 
     def expect(self, num_reqs: int) -> PostedRound:
-        """Non-last PP rank: post this rank's side of the next round now, without
+        """Non-last PP rank: post the receive of the next round now, without
         waiting; :meth:`PostedRound.wait` completes it when the round is needed.
 
         ``num_reqs`` is this rank's batch size for the step whose round it is,
-        known as soon as that step ran. Posted that early, the exchange runs
-        in the background while this rank computes its next steps: a round
-        that has arrived by the time it is needed costs no wait (across hosts
-        gloo's all-reduce needs about two round trips after both sides have
-        posted; posting at receive time paid them at every step). Same
-        collective, same order, same checks as :meth:`recv`.
+        known as soon as that step ran. Posted that early, the round is sent
+        the moment the last rank has it and arrives while this rank computes
+        its next steps: one one-way trip, and no wait if it is there by the
+        time it is needed. Posted only when needed (:meth:`recv`), gloo sends
+        it after the receive is posted: a round trip more.
         """
-        message = self._message(_header(num_reqs, self.k, sender_error=False), None)
-        work = dist.all_reduce(message, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
-        return PostedRound(self, message, work, "", None)
+        message = self._empty()
+        work = dist.irecv(message, self.src, group=self.group, tag=ROUND_TAG)
+        return PostedRound(self, message, [work], "", None, num_reqs)
 
     def recv(self, num_reqs: int) -> Round:
         """Non-last PP rank: receive the round; ``num_reqs`` is this rank's batch size."""
-        message = self._exchange(_header(num_reqs, self.k, sender_error=False), None)
-        _check_header(message[:HEADER], "", self.capacity)
-        return self._round(message)
+        return self.expect(num_reqs).wait()

@@ -7,6 +7,10 @@ is. The benchmark reads these (``vllm_ppspec_tools.fixtures.probes.runner_clocks
 * ``step_s``: seconds inside ``execute_model`` and ``sample_tokens`` (the
   forward included), less ``wait_s``;
 * ``wait_s``: seconds waiting for a round from the last rank;
+* ``travel_wait_s``: the part of ``wait_s`` after the last rank had sent the
+  round (its wall clock against this rank's: exact on one machine, off by
+  the clocks' offset across hosts); the rest is the pipeline's own wait;
+* ``rounds``: rounds received (non-last ranks);
 * ``steps``: ``execute_model`` calls with tokens to compute.
 """
 
@@ -15,7 +19,10 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from vllm_ppspec.protocol.rounds import Round
 
 
 class Clocks:
@@ -23,7 +30,14 @@ class Clocks:
         self.forward_s = 0.0
         self.total_step_s = 0.0
         self.wait_s = 0.0
+        self.travel_wait_s = 0.0
+        self.rounds = 0
         self.steps = 0
+
+    def received(self, rnd: Round) -> None:
+        """A non-last rank got a round."""
+        self.travel_wait_s += rnd.travel_wait_s
+        self.rounds += 1
 
     @property
     def step_s(self) -> float:
@@ -54,5 +68,7 @@ class WorkerClocks:
             "forward_s": float(clocks.forward_s),
             "step_s": float(clocks.step_s),
             "wait_s": float(clocks.wait_s),
+            "travel_wait_s": float(clocks.travel_wait_s),
+            "rounds": float(clocks.rounds),
             "steps": float(clocks.steps),
         }

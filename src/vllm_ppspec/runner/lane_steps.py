@@ -1,15 +1,16 @@
 """The runner's part in lanes mode (async scheduling with lanes).
 
-Collectives, on every rank of the PP group, one per step that sampled (step
-``s``), in step order: the round ``all_reduce`` (:mod:`vllm_ppspec.protocol.rounds`).
-Every rank posts it at the end of its ``sample_tokens(s)`` without waiting
-(the last rank with the round, the others with their side: ``expect``). The
-last rank completes it at the start of ``execute_model(s + PP)``; PP rank
-``r`` < last at the start of ``execute_model(s + PP - r)``, when the round is
-due (the last stage finished step ``s`` as stage ``r`` starts step
-``s + PP - r``), or earlier if a request of its step needs it. No rank waits
-for a round its step does not need, and a round that has arrived costs no
-wait: the exchange ran while the rank computed.
+Messages, one round per step that sampled (step ``s``), in step order
+(:mod:`vllm_ppspec.protocol.rounds`): every rank posts its side at the end of
+its ``sample_tokens(s)`` without waiting: the last rank sends the round to
+every other rank, each other rank posts its receive (``expect``). The last
+rank completes its sends at the start of ``execute_model(s + PP)``; PP rank
+``r`` < last completes its receive at the start of
+``execute_model(s + PP - r)``, when the round is due (the last stage finished
+step ``s`` as stage ``r`` starts step ``s + PP - r``), or earlier if a
+request of its step needs it. No rank waits for a round its step does not
+need; a round is sent the moment the last rank has it, and one that has
+arrived costs no wait.
 
 Every rank then makes each step sync-shaped
 (:func:`vllm_ppspec.protocol.lane_book.make_sync_shaped`) before vLLM's
@@ -119,6 +120,7 @@ class LaneSteps:
             rnd = rows.pending.wait()
         else:
             rnd = self.channel.recv(len(rows.req_ids))
+        self.clocks.received(rnd)
         if self.fault.reached("raise_in_round", rows.step + 1):
             raise faults.InjectedFault(f"raise_in_round@{rows.step + 1} on a non-last rank")
         self.book.record(

@@ -31,8 +31,9 @@ Collectives the plugin adds, on every rank of the PP group unless said:
   ``all_reduce``, and if vLLM would share the target's embedding with the
   drafter a digest ``all_reduce`` and, if the drafter's values differ, a
   ``broadcast`` from the first rank (``embedding_handover``);
-* per step: one round ``all_reduce`` in ``LANES`` and ``TWO_BATCH`` (see those
-  parts for who calls it when); none in ``SYNC``;
+* per step, ``LANES`` and ``TWO_BATCH``: one round message from the last rank
+  to each other rank (``isend`` there, ``irecv`` on each receiver, gloo
+  ``cpu_group``; see those parts for who posts it when); none in ``SYNC``;
 * at DP > 1 (MoE targets), per drafter run, on every rank holding a drafter,
   whatever the mode: one ``all_gather`` on the DP group's ``cpu_group`` before
   the drafter's first forward (:mod:`vllm_ppspec.protocol.dp_agreement`).
@@ -155,9 +156,9 @@ class PPSpecRunnerMixin:
             skip = self._ppspec_faults.skip_state_replay
             self._ppspec_sync = SyncSteps(self._ppspec_is_last, hybrid, skip)
         if mode.exchanges_rounds:
-            # One all-reduce per round, of a static size; every PP rank agrees
-            # on the shape here, in start-up order: after it, posting a round
-            # never blocks (protocol/rounds.py).
+            # One message per round, last rank to the others, of a static
+            # size; every PP rank agrees on the shape here, in start-up order:
+            # after it, posting a round never blocks (protocol/rounds.py).
             channel = RoundChannel(
                 pp.cpu_group,
                 pp.last_rank,

@@ -10,8 +10,10 @@ whose state was not applied on that rank, and wrong tokens later.
 With the plugin active, such a rank logs the error and ends its process; vLLM's
 worker monitor (``MultiprocExecutor.start_worker_monitor``) then shuts the
 executor down and the engine fails (requests get an error, ``/health`` stops
-answering 200). Errors that every rank raises in step (``RoundDivergenceError``)
-are left to the output rank, which reports them with their message.
+answering 200). A round divergence that every rank raises for the same round
+(``RoundDivergenceError.every_rank``: the sender found it) is left to the
+output rank, which reports it with its message; one that only a receiver sees
+ends that receiver like any other error.
 
 A PP peer that dies (killed, out of memory, its host gone) leaves the other
 ranks blocked in a pipeline receive that never returns:
@@ -78,12 +80,18 @@ class RankErrorsEndEngine:
     def _ppspec_guarded(self, call: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except RoundDivergenceError:
+        except RoundDivergenceError as e:
+            if e.every_rank:
+                raise
+            self._ppspec_end_unread(call, e)
             raise
         except Exception as e:
-            if getattr(self.model_runner, "ppspec_active", False) and not is_output_rank():
-                end_worker(e, f"{call} failed on a rank whose replies vLLM does not read")
+            self._ppspec_end_unread(call, e)
             raise
+
+    def _ppspec_end_unread(self, call: str, e: Exception) -> None:
+        if getattr(self.model_runner, "ppspec_active", False) and not is_output_rank():
+            end_worker(e, f"{call} failed on a rank whose replies vLLM does not read")
 
     def execute_model(self, *args: Any, **kwargs: Any) -> Any:
         return self._ppspec_guarded(

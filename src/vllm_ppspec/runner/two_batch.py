@@ -15,10 +15,10 @@ Per speculative round (one ``execute_model`` + ``sample_tokens`` pair):
   for the last rank, and the draft tensor that the next step scatters into its
   input ids.
 
-Collective: one round ``all_reduce`` per ``sample_tokens`` on every PP rank
-(:mod:`vllm_ppspec.protocol.rounds`): the last rank's after its sampler and
-drafter ran, the others' before they return. A rank whose round cannot be
-applied raises only after the collective completed.
+Messages: one round per ``sample_tokens`` (:mod:`vllm_ppspec.protocol.rounds`):
+the last rank sends it after its sampler and drafter ran, every other rank
+receives it before it returns. A rank whose round cannot be applied raises
+only after it received the round.
 """
 
 from __future__ import annotations
@@ -107,8 +107,9 @@ class TwoBatchSteps:
             stash = None
         with self.clocks.timing("wait_s"):
             rnd = self.channel.recv(runner.input_batch.num_reqs)
+        self.clocks.received(rnd)
         # Raise only now, with the round consumed, so the last rank is not left
-        # waiting in a collective.
+        # waiting for its message to be received.
         if stash is None:
             raise MissingStashError.on_rank(
                 self.rank, "a scheduler_output stashed by execute_model"
