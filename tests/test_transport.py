@@ -90,13 +90,11 @@ def test_row_count_divergence_raises_on_the_receiver_quickly():
     for r in results:
         assert r.error is None and not r.hung, r.message
     receiver, sender = results[0].value, results[1].value
-    assert receiver[:3] == (
-        "raised",
-        receiver[1],
-        False,
-    ) and "between 2 and 3 requests" in receiver[1]
-    assert "this rank's step 2" in receiver[1]
-    assert receiver[3] < 10
+    outcome, message, every_rank, seconds = receiver
+    assert outcome == "raised" and every_rank is False
+    assert "between 2 and 3 requests" in message
+    assert "this rank's step 2" in message
+    assert seconds < 10
     assert sender[0] == "returned"
 
 
