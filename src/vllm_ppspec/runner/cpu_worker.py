@@ -6,7 +6,7 @@ import vllm.v1.worker.cpu_worker as _vllm_cpu_worker
 from vllm.v1.worker.cpu_worker import CPUWorker
 
 import vllm_ppspec.runner.cpu as _cpu_runner  # runs the version guard first
-from vllm_ppspec.patches import cpu_eager, cpu_expand, cpu_moe
+from vllm_ppspec.patches import cpu_eager, cpu_expand, cpu_moe, cpu_ngram_threads
 from vllm_ppspec.patches.config import require_installed
 from vllm_ppspec.runner.clocks import WorkerClocks
 from vllm_ppspec.runner.rank_errors import RankErrorsEndEngine
@@ -34,3 +34,8 @@ class PPSpecCPUWorker(RankErrorsEndEngine, WorkerClocks, CPUWorker):
             super().init_device()
         finally:
             _vllm_cpu_worker.CPUModelRunner = original  # type: ignore[misc]
+        # vLLM bound this worker's threads above; its ngram proposer must not
+        # change their number (patches/cpu_ngram_threads.py).
+        spec = self.vllm_config.speculative_config
+        if spec is not None and spec.method == "ngram":
+            cpu_ngram_threads.install()
