@@ -16,9 +16,10 @@ drafter, k=3, with sync / async scheduling), ``async-noprepost`` (async with
 ``VLLM_PPSPEC_ROUND_PREPOST=0``: receivers post their side of each round only
 when it is due, as before), ``ngram`` (the planted target with ngram, sync).
 The servers run with ``VLLM_SERVER_DEV_MODE=1`` so that the bench reads each
-rank's runner clocks (``/collective_rpc ppspec_clocks``): the
-round wait per step on PP rank 0, in microseconds, against the round trip
-(2 x the delay). Needs root.
+rank's runner clocks (``/collective_rpc ppspec_clocks``) on PP rank 0: its
+wait for rounds per step, and the part of it after the last rank had sent the
+round (the round's own cost; one machine, one clock), per round, in
+microseconds and in round trips (2 x the delay). Needs root.
 """
 
 from __future__ import annotations
@@ -113,6 +114,7 @@ def main() -> int:
                         tok_s(pipe.base, 1, 8)  # warm-up
                         runs: dict[int, list[float]] = {1: [], 16: []}
                         waits: dict[int, list[float]] = {1: [], 16: []}  # rank 0, us/step
+                        travel: dict[int, list[float]] = {1: [], 16: []}  # rank 0, us/round
                         for _ in range(args.repeats):
                             for n in runs:
                                 # vLLM's own worker (nospec) has no clocks, and an
@@ -124,6 +126,10 @@ def main() -> int:
                                     steps = after[0]["steps"] - before[0]["steps"]
                                     wait = after[0]["wait_s"] - before[0]["wait_s"]
                                     waits[n].append(1e6 * wait / max(steps, 1))
+                                    rounds = after[0]["rounds"] - before[0]["rounds"]
+                                    late = after[0]["travel_wait_s"] - before[0]["travel_wait_s"]
+                                    if rounds:
+                                        travel[n].append(1e6 * late / rounds)
                     finally:
                         pipe.stop()
                 for n, values in runs.items():
@@ -136,6 +142,7 @@ def main() -> int:
                         "tok_s_median": statistics.median(values),
                         "runs": values,
                         "round_wait_us_per_step_rank0": waits[n] or None,
+                        "round_travel_wait_us_per_round_rank0": travel[n] or None,
                         "round_trip_us": 2000 * delay,
                     }
                     results.append(row)
@@ -148,6 +155,12 @@ def main() -> int:
             r["ratio_min"] = r["tok_s_min"] / ref["tok_s_min"]
             wait = r["round_wait_us_per_step_rank0"]
             waited = f", round wait {statistics.median(wait):.0f} us/step" if wait else ""
+            late = r["round_travel_wait_us_per_round_rank0"]
+            if late:
+                cost = statistics.median(late)
+                rtt = r["round_trip_us"]
+                trips = f" = {cost / rtt:.2f} round trips" if rtt else ""
+                waited += f", after it was sent {cost:.0f} us/round{trips}"
             print(
                 f"delay {r['delay_ms']:g} ms, {r['in_flight']} in flight: {r['mode']} "
                 f"{r['tok_s_median']:.1f} tok/s vs no spec {ref['tok_s_median']:.1f}: "
