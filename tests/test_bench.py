@@ -83,3 +83,6 @@ def test_bench_runs_every_configuration_and_reports_busy_acceptance_and_transpor
         "256 requests, k=3",
         "256 requests, k=7",
     }
+    for case in data["transport_us"].values():
+        assert set(case) == {"message", "all_reduce"}
+        assert all(median > 0 and 0 < low <= median for median, low in case.values())

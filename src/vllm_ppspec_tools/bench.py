@@ -27,14 +27,15 @@ each stage's busy fraction: seconds in the target's forward on that rank over
 the phase's wall time, measured inside the runner (vLLM's workers spin while
 they wait, so CPU time says nothing), and its working fraction: seconds inside
 ``execute_model`` and ``sample_tokens`` (the forward, input preparation,
-sampling, drafting; not the async round's collective) over the wall time; the
+sampling, drafting; not waiting for the async round) over the wall time; the
 rest the stage waited for work. The same split per step, in milliseconds
 (forward + other work + waiting, each stage's average step), shows what a step
 costs and how long a stage waits between steps.
 Requests generate 256 tokens by default, so that filling and draining the
 pipeline are a small part of each phase. All greedy outputs must match PP=1
-without spec. Then it times the async round exchange (transport_bench: one
-rendezvous per round, µs at 16 and 256 requests, k=3 and 7). Writes
+without spec. Then it times the async round (transport_bench: the one-way
+message against the all-reduce it replaced, µs at 16 and 256 requests, k=3
+and 7). Writes
 ``bench-<target>-pp<N>.json`` and, with matplotlib, ``.png`` to ``--out``.
 
 ``--target planted``: Llama hidden 1024 x 8 layers fp32 whose greedy output

@@ -1,22 +1,23 @@
-"""Cost of one speculative round's exchange (async scheduling), two local gloo ranks.
+"""Cost of one speculative round (async scheduling), two local gloo ranks.
 
     python -m vllm_ppspec_tools.transport_bench [--rounds 300]
 
-Times one round as seen by the last rank at 16 and 256 requests with k=3 and
-k=7 (``max_num_seqs`` 256, vLLM's default), over 127.0.0.1, for:
+Times one round as seen by the receiver (from a barrier to the round in its
+hands) at 16 and 256 requests with k=3 and k=7 (``max_num_seqs`` 256, vLLM's
+default), over 127.0.0.1, for:
 
-* ``one``: :class:`transport.RoundChannel`, the plugin's protocol: one
-  ``all_reduce`` of a static-size message (header + payload);
-* ``two``: the protocol it replaced, kept here as the reference: a header
-  ``all_reduce``, then a ``broadcast`` of a payload sized by it.
+* ``message``: :class:`vllm_ppspec.protocol.rounds.RoundChannel`, the plugin's
+  protocol: one static-size message from the last rank (``isend`` /
+  ``irecv``);
+* ``all_reduce``: the protocol it replaced, kept here as the reference: one
+  ``all_reduce(MAX)`` of the same static-size message, every rank contributing.
 
 Prints the median and minimum microseconds per round, the two protocols
-interleaved. On one host both are a few hundred microseconds, the static
-message slightly slower (it always carries ``max_num_seqs`` rows). Between
-hosts each rendezvous adds network latency that a loopback run cannot show
-(this machine has no netem): the receiver waits for an all-reduce and then a
-broadcast under ``two``, for one all-reduce under ``one``. Sync scheduling
-exchanges nothing per round (docs/design.md).
+interleaved. On one host both are a few hundred microseconds. Between hosts
+what counts is the trips each needs (one one-way trip for the message once
+the receive is posted, about three for the all-reduce): loopback cannot show
+it; ``tests/test_round_link.py`` and scripts/bench_two_hosts.py measure it
+over a delay line. Sync scheduling exchanges nothing per round (docs/design.md).
 """
 
 from __future__ import annotations
@@ -33,15 +34,18 @@ CASES = [(16, 3), (16, 7), (256, 3), (256, 7)]
 CAPACITY = 256
 
 
-def _two_rendezvous(rank: int, rows: int, k: int, payload: Any) -> None:
-    """The previous protocol: header all_reduce, then a payload broadcast sized by it."""
+def _all_reduce(rank: int, rows: int, k: int, payload: Any) -> None:
+    """The previous protocol: one all_reduce(MAX) of the static-size message,
+    the receiver contributing its header and an INT32_MIN payload."""
     import torch
     import torch.distributed as dist
 
-    header = torch.tensor([rows, -rows, 0, k, -k], dtype=torch.int32)
-    dist.all_reduce(header, op=dist.ReduceOp.MAX)
-    buf = payload if rank == 1 else torch.empty((rows, 2 * k + 1), dtype=torch.int32)
-    dist.broadcast(buf, src=1)
+    message = torch.full((5 + CAPACITY * (2 * k + 1),), torch.iinfo(torch.int32).min)
+    message = message.to(torch.int32)
+    message[:5] = torch.tensor([rows, -rows, 0, k, -k], dtype=torch.int32)
+    if rank == 1:
+        message[5 : 5 + payload.numel()] = payload.reshape(-1)
+    dist.all_reduce(message, op=dist.ReduceOp.MAX)
 
 
 def _rank(rank: int, port: int, rounds: int, out: mp.Queue) -> None:
@@ -59,26 +63,27 @@ def _rank(rank: int, port: int, rounds: int, out: mp.Queue) -> None:
         drafts = torch.randint(0, 500, (rows, k), dtype=torch.int32)
         payload = torch.cat([sampled, drafts], dim=1)
         channel = RoundChannel(group, 1, CAPACITY, k)  # type: ignore[arg-type]
-        times: dict[str, list[float]] = {"one": [], "two": []}
+        times: dict[str, list[float]] = {"message": [], "all_reduce": []}
         for _ in range(rounds):
-            for proto in ("one", "two"):  # interleaved
+            for proto in ("message", "all_reduce"):  # interleaved
                 dist.barrier()
                 start = time.perf_counter()
-                if proto == "two":
-                    _two_rendezvous(rank, rows, k, payload)
+                if proto == "all_reduce":
+                    _all_reduce(rank, rows, k, payload)
                 elif rank == 1:
                     channel.send(rows, sampled, drafts)
                 else:
                     channel.recv(rows)
                 times[proto].append((time.perf_counter() - start) * 1e6)
         results[(rows, k)] = {proto: (statistics.median(t), min(t)) for proto, t in times.items()}
-    if rank == 1:
+    if rank == 0:  # the receiver's view
         out.put(results)
     dist.destroy_process_group()
 
 
 def measure(rounds: int) -> dict[tuple[int, int], dict[str, tuple[float, float]]]:
-    """{(requests, k): {"one"|"two": (median us, min us)}} from two spawned gloo ranks."""
+    """{(requests, k): {"message"|"all_reduce": (median us, min us)}} from two spawned
+    gloo ranks, as the receiver (rank 0) saw them."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = int(s.getsockname()[1])
@@ -95,15 +100,15 @@ def measure(rounds: int) -> dict[tuple[int, int], dict[str, tuple[float, float]]
 
 def report(results: dict[tuple[int, int], dict[str, tuple[float, float]]], rounds: int) -> None:
     print(
-        f"round exchange over gloo on 127.0.0.1 (async scheduling), {rounds} interleaved "
-        f"rounds per case, max_num_seqs {CAPACITY}"
+        f"round over gloo on 127.0.0.1 (async scheduling), as the receiver sees it, "
+        f"{rounds} interleaved rounds per case, max_num_seqs {CAPACITY}"
     )
     for (rows, k), r in results.items():
-        (one_med, one_min), (two_med, two_min) = r["one"], r["two"]
+        (msg_med, msg_min), (ar_med, ar_min) = r["message"], r["all_reduce"]
         print(
-            f"  {rows:4d} requests, k={k}: one rendezvous {one_med:8.1f} us median "
-            f"({one_min:7.1f} min); two {two_med:8.1f} us ({two_min:7.1f}); "
-            f"ratio {one_med / two_med:.2f}"
+            f"  {rows:4d} requests, k={k}: message {msg_med:8.1f} us median "
+            f"({msg_min:7.1f} min); all_reduce {ar_med:8.1f} us ({ar_min:7.1f}); "
+            f"ratio {msg_med / ar_med:.2f}"
         )
 
 
