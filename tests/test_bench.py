@@ -39,7 +39,7 @@ def test_bench_runs_every_configuration_and_reports_busy_acceptance_and_transpor
     assert code == 0, out
     assert "tokens identical to PP=1 without spec: True" in out
     assert "ratios @  4: filled/one batch" in out
-    assert "256 requests, k=7: one rendezvous" in out
+    assert "256 requests, k=7: message" in out and "all_reduce" in out
     assert "async/filled" in out
     data = json.loads((tmp_path / "bench-tiny-pp2-draft_model.json").read_text())
     summary = data["summary"]
