@@ -80,18 +80,12 @@ class RankErrorsEndEngine:
     def _ppspec_guarded(self, call: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except RoundDivergenceError as e:
-            if e.every_rank:
-                raise
-            self._ppspec_end_unread(call, e)
-            raise
         except Exception as e:
-            self._ppspec_end_unread(call, e)
+            raised_everywhere = isinstance(e, RoundDivergenceError) and e.every_rank
+            active = getattr(self.model_runner, "ppspec_active", False)
+            if active and not raised_everywhere and not is_output_rank():
+                end_worker(e, f"{call} failed on a rank whose replies vLLM does not read")
             raise
-
-    def _ppspec_end_unread(self, call: str, e: Exception) -> None:
-        if getattr(self.model_runner, "ppspec_active", False) and not is_output_rank():
-            end_worker(e, f"{call} failed on a rank whose replies vLLM does not read")
 
     def execute_model(self, *args: Any, **kwargs: Any) -> Any:
         return self._ppspec_guarded(
