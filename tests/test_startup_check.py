@@ -1,14 +1,30 @@
 """PP ranks refuse to start when they were started differently
 (``runner/startup_check.py``), on every rank, within seconds; a rank that never
-reaches the check is named within the timeout. Plain gloo ranks."""
+reaches the check is named within the timeout; the protocol is compared first;
+host-local settings may differ. Plain gloo ranks."""
 
 from __future__ import annotations
 
 import functools
+import os
+import re
 import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
 
 from tests.distributed import run_ranks
-from vllm_ppspec.runner.startup_check import StartupMismatchError, agree, differences
+from vllm_ppspec.protocol import PROTOCOL
+from vllm_ppspec.runner.startup_check import (
+    AGREED_SWITCHES,
+    HOST_LOCAL_SWITCHES,
+    StartupMismatchError,
+    agree,
+    differences,
+    fingerprint,
+)
 
 BASE = {"vLLM version": "0.33.0", "mode": "async lanes", "num_speculative_tokens": "3"}
 
@@ -68,3 +84,180 @@ def test_differences_lists_only_fields_that_differ():
     assert differences([BASE, {**BASE, "mode": "sync"}]) == [
         "mode (rank 0: 'async lanes', rank 1: 'sync')"
     ]
+
+
+# ---------------------------------------------------------------------------
+# fingerprint(): what it holds, and each field on real ranks
+# ---------------------------------------------------------------------------
+
+
+def _runner(
+    method: str = "draft_model",
+    k: int = 3,
+    architectures: tuple[str, ...] = ("LlamaForCausalLM",),
+    hidden_size: int = 64,
+    pp: int = 2,
+    max_num_seqs: int = 16,
+) -> Any:
+    """A stand-in for the plugin's runner: the attributes fingerprint() reads."""
+    hf = SimpleNamespace(architectures=list(architectures), hidden_size=hidden_size)
+    return SimpleNamespace(
+        speculative_config=SimpleNamespace(
+            method=method,
+            num_speculative_tokens=k,
+            draft_model_config=SimpleNamespace(hf_config=hf),
+        ),
+        parallel_config=SimpleNamespace(pipeline_parallel_size=pp),
+        scheduler_config=SimpleNamespace(max_num_seqs=max_num_seqs),
+    )
+
+
+def test_the_fingerprint_holds_exactly_what_must_agree(monkeypatch):
+    import vllm
+
+    from vllm_ppspec import protocol
+
+    for name in [*AGREED_SWITCHES, *HOST_LOCAL_SWITCHES]:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("VLLM_PPSPEC_STARTUP_TIMEOUT", "5")  # host-local: not in it
+    monkeypatch.setenv("VLLM_PPSPEC_ROUND_PREPOST", "0")  # receiver-side: not in it
+    assert protocol.PROTOCOL >= 2  # 1 was the all-reduce round, before the one-way one
+    assert fingerprint(_runner(), "async lanes") == {
+        "protocol": str(protocol.PROTOCOL),
+        "vLLM version": vllm.__version__,
+        "mode": "async lanes",
+        "pipeline_parallel_size": "2",
+        "speculative method": "draft_model",
+        "num_speculative_tokens": "3",
+        "draft architectures": "['LlamaForCausalLM']",
+        "draft hidden_size": "64",
+        "max_num_seqs": "16",
+        "$VLLM_PPSPEC_ONE_BATCH": "0",  # unset: its default
+        "$VLLM_PPSPEC_ASYNC_LANES": "1",
+    }
+
+
+def test_every_vllm_ppspec_variable_in_the_source_is_classified_once():
+    src = Path(__file__).resolve().parent.parent / "src"
+    text = "\n".join(p.read_text() for p in src.rglob("*.py"))
+    names = set(re.findall(r"VLLM_PPSPEC_[A-Z0-9_]*[A-Z0-9]", text))
+    assert not set(AGREED_SWITCHES) & set(HOST_LOCAL_SWITCHES)
+    assert names - set(AGREED_SWITCHES) - set(HOST_LOCAL_SWITCHES) == set()
+
+
+# Rank 1's change per case; every other rank runs the stand-in unchanged, with
+# no VLLM_PPSPEC_* variable set. "runner": _runner's arguments; "mode"; "env";
+# "protocol", "vllm", "plugin": this rank's protocol number, vLLM version,
+# vllm-ppspec version.
+MUST_AGREE = {
+    "protocol": {"protocol": 1},
+    "vLLM version": {"vllm": "0.32.9"},
+    "mode": {"mode": "sync"},
+    "pipeline_parallel_size": {"runner": {"pp": 3}},
+    "speculative method": {"runner": {"method": "eagle"}},
+    "num_speculative_tokens": {"runner": {"k": 4}},
+    "draft architectures": {"runner": {"architectures": ("OtherForCausalLM",)}},
+    "draft hidden_size": {"runner": {"hidden_size": 128}},
+    "max_num_seqs": {"runner": {"max_num_seqs": 8}},
+    "$VLLM_PPSPEC_ONE_BATCH": {"env": {"VLLM_PPSPEC_ONE_BATCH": "1"}},
+    "$VLLM_PPSPEC_ASYNC_LANES": {"env": {"VLLM_PPSPEC_ASYNC_LANES": "0"}},
+}
+HOST_LOCAL = {
+    "VLLM_PPSPEC_STARTUP_TIMEOUT": "5",
+    "VLLM_PPSPEC_DP_AGREE_TIMEOUT": "7",
+    "VLLM_PPSPEC_PEER_KEEPALIVE_S": "20",
+    "VLLM_PPSPEC_ROUND_PREPOST": "0",
+    "VLLM_PPSPEC_AUTO": "0",
+    "VLLM_PPSPEC_CPU_COMPILED_CORRECTION": "1",
+    "VLLM_PPSPEC_FAULT": "raise@3",
+    "VLLM_PPSPEC_FAULT_SKIP_STATE_REPLAY": "1",
+    "VLLM_PPSPEC_HOME": "/srv/ppspec",
+    "VLLM_PPSPEC_CACHE": "/srv/ppspec-cache",
+}
+AGREEING = {
+    **{f"${name}": {"env": {name: value}} for name, value in HOST_LOCAL.items()},
+    # Each agreed switch set to its default on one rank, unset on the others.
+    **{f"{name}={d}": {"env": {name: d}} for name, d in AGREED_SWITCHES.items()},
+    # A value the plugin reads as the default (it acts only on the other one).
+    "VLLM_PPSPEC_ONE_BATCH=yes": {"env": {"VLLM_PPSPEC_ONE_BATCH": "yes"}},
+    "VLLM_PPSPEC_ASYNC_LANES=true": {"env": {"VLLM_PPSPEC_ASYNC_LANES": "true"}},
+    # Another build of the plugin that speaks the same protocol.
+    "vllm-ppspec version": {"plugin": "0.2.0"},
+}
+PROTOCOL_AND_K = {"protocol": 1, "runner": {"k": 4}, "env": {"VLLM_PPSPEC_ONE_BATCH": "1"}}
+
+
+def _fingerprint_as(change: dict[str, Any]) -> dict[str, str]:
+    """This rank's fingerprint of the stand-in runner with ``change`` applied."""
+    import vllm
+
+    import vllm_ppspec
+    from vllm_ppspec import protocol
+
+    for name in [*AGREED_SWITCHES, *HOST_LOCAL_SWITCHES]:
+        os.environ.pop(name, None)
+    os.environ.update(change.get("env", {}))
+    saved = protocol.PROTOCOL, vllm.__version__, vllm_ppspec.__version__
+    protocol.PROTOCOL = change.get("protocol", protocol.PROTOCOL)
+    vllm.__version__ = change.get("vllm", vllm.__version__)
+    vllm_ppspec.__version__ = change.get("plugin", vllm_ppspec.__version__)
+    try:
+        return fingerprint(_runner(**change.get("runner", {})), change.get("mode", "async lanes"))
+    finally:
+        protocol.PROTOCOL, vllm.__version__, vllm_ppspec.__version__ = saved
+
+
+def _cases_rank(cases: dict[str, dict[str, Any]], rank: int, world: int) -> dict[str, str]:
+    """Every case in turn on the same group: rank 1 changed, the check run."""
+    import torch.distributed as dist
+
+    outcomes = {}
+    for case, change in cases.items():
+        try:
+            agree(dist.group.WORLD, _fingerprint_as(change if rank == 1 else {}), timeout=20.0)
+            outcomes[case] = "agreed"
+        except StartupMismatchError as e:
+            outcomes[case] = f"refused: {e}"
+    return outcomes
+
+
+@pytest.fixture(scope="module")
+def outcomes() -> list[dict[str, str]]:
+    """Each rank's outcome of every case, from one run of three gloo ranks."""
+    cases = {**MUST_AGREE, **AGREEING, "protocol and k": PROTOCOL_AND_K}
+    results = run_ranks(functools.partial(_cases_rank, cases), world=3, timeout=120)
+    assert all(r.error is None for r in results), [r.message for r in results]
+    return [r.value for r in results]
+
+
+def _named(msg: str) -> list[str]:
+    """The fields an error names as differing."""
+    return [line.split(" (rank 0: ")[0] for line in msg.split("Differs: ")[1].split("; ")]
+
+
+def test_the_cases_cover_every_field_and_host_local_setting():
+    assert set(MUST_AGREE) == set(fingerprint(_runner(), "sync"))
+    assert set(HOST_LOCAL) == set(HOST_LOCAL_SWITCHES)
+
+
+@pytest.mark.parametrize("field", sorted(MUST_AGREE))
+def test_a_field_that_must_agree_is_refused_naming_it_on_every_rank(outcomes, field):
+    for rank, outcome in enumerate(outcomes):
+        msg = outcome[field]
+        assert msg.startswith("refused"), (rank, msg)
+        assert _named(msg) == [field], (rank, msg)
+        assert f"{field} (rank 0: " in msg and ", rank 2: " in msg, (rank, msg)
+
+
+@pytest.mark.parametrize("case", sorted(AGREEING))
+def test_host_local_settings_defaults_and_the_plugin_version_may_differ(outcomes, case):
+    assert [o[case] for o in outcomes] == ["agreed"] * 3, [o[case] for o in outcomes]
+
+
+def test_the_protocol_is_checked_first_and_named_alone(outcomes):
+    for rank, outcome in enumerate(outcomes):
+        msg = outcome["protocol and k"]
+        assert "different versions of the plugin's protocol" in msg, (rank, msg)
+        assert _named(msg) == ["protocol"], (rank, msg)
+        mine = PROTOCOL
+        assert f"protocol (rank 0: '{mine}', rank 1: '1', rank 2: '{mine}')" in msg, (rank, msg)

@@ -3,11 +3,11 @@
 On one host every worker comes from one command line. Across hosts each node
 builds its own config from its own command line and environment, and a
 difference (another ``--speculative-config``, a ``VLLM_PPSPEC_*`` switch set
-on one node, another vLLM or plugin version, a node without the plugin's
-worker) would leave the ranks running different protocols: wrong tokens or a
-collective that never returns. So before any other collective of the plugin,
-every PP rank of a PP + spec runner calls :func:`agree` on the PP group's gloo
-group, in this order:
+on one node, another vLLM, a plugin that speaks another protocol, a node
+without the plugin's worker) would leave the ranks running different
+protocols: wrong tokens or a collective that never returns. So before any
+other collective of the plugin, every PP rank of a PP + spec runner calls
+:func:`agree` on the PP group's gloo group, in this order:
 
 1. ``monitored_barrier`` (gloo) with a timeout: a rank that never arrives (a
    node started without the plugin's worker, or without speculation, which
@@ -16,8 +16,19 @@ group, in this order:
 2. ``all_gather_object`` of each rank's fingerprint (a flat dict of strings).
 
 Every rank then compares all fingerprints with the same data, so every rank
-raises the same :class:`StartupMismatchError` naming each field that differs
-and its value on each rank, or none does.
+raises the same :class:`StartupMismatchError` or none does. The protocol
+number (:data:`vllm_ppspec.protocol.PROTOCOL`) is compared first: ranks that
+speak different protocols are refused naming the protocol alone, since the
+other fields of another protocol need not mean the same. Otherwise the error
+names each field that differs and its value on each rank.
+
+The fingerprint holds only what must be equal on every rank: the protocol,
+vLLM's version (the messages vLLM's own code sends between the ranks), the
+mode, the pipeline size, the speculative method, ``k``, the draft's shape,
+``max_num_seqs``, and the switches of :data:`AGREED_SWITCHES`, each as the
+plugin reads it (unset reads as its default). The plugin's own version is not
+in it: two builds that speak the same protocol work together. The variables
+of :data:`HOST_LOCAL_SWITCHES` may differ between hosts.
 """
 
 from __future__ import annotations
@@ -30,6 +41,29 @@ import torch.distributed as dist
 
 TIMEOUT_ENV = "VLLM_PPSPEC_STARTUP_TIMEOUT"
 DEFAULT_TIMEOUT_S = 60.0
+PROTOCOL_FIELD = "protocol"
+
+# VLLM_PPSPEC_* switches that change the mode or what goes on the wire, so
+# every PP rank must read them the same: name -> the value an unset one reads as.
+AGREED_SWITCHES: dict[str, str] = {
+    # Sync: batches in flight (max_concurrent_batches, which workers size buffers by).
+    "VLLM_PPSPEC_ONE_BATCH": "0",
+    # Async: lanes (PP + 1 batches, the lane scheduler) or two batches (another mode).
+    "VLLM_PPSPEC_ASYNC_LANES": "1",
+}
+# VLLM_PPSPEC_* variables that may differ between hosts: name -> why.
+HOST_LOCAL_SWITCHES: dict[str, str] = {
+    TIMEOUT_ENV: "how long this rank waits here",
+    "VLLM_PPSPEC_DP_AGREE_TIMEOUT": "how long this rank waits for its DP peers",
+    "VLLM_PPSPEC_PEER_KEEPALIVE_S": "how soon this rank's peer watch gives up on a peer",
+    "VLLM_PPSPEC_ROUND_PREPOST": "when a receiver posts its receive (same message, same order)",
+    "VLLM_PPSPEC_AUTO": "which worker this host selects (without the plugin's: never here)",
+    "VLLM_PPSPEC_CPU_COMPILED_CORRECTION": "the same correction, compiled or eager",
+    "VLLM_PPSPEC_FAULT": "tests: a fault injected on this host's ranks",
+    "VLLM_PPSPEC_FAULT_SKIP_STATE_REPLAY": "tests: a fault injected on this host's ranks",
+    "VLLM_PPSPEC_HOME": "tools: this host's cache and results directory",
+    "VLLM_PPSPEC_CACHE": "tools: this host's cache directory",
+}
 
 
 class StartupMismatchError(RuntimeError):
@@ -40,17 +74,25 @@ def timeout_s() -> float:
     return float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S))
 
 
+def switch_value(name: str) -> str:
+    """An agreed on/off switch as the plugin reads it: its default unless set to
+    the other value ("1" or "0"), so unset, the default and any other value agree."""
+    default = AGREED_SWITCHES[name]
+    other = "1" if default == "0" else "0"
+    return other if os.environ.get(name) == other else default
+
+
 def fingerprint(runner: Any, mode: str) -> dict[str, str]:
     """What must be equal on every PP rank, as strings."""
     import vllm
 
-    from vllm_ppspec import __version__
+    from vllm_ppspec import protocol
 
     spec = runner.speculative_config
     draft = getattr(spec, "draft_model_config", None)
     hf = getattr(draft, "hf_config", None)
     fields = {
-        "vllm-ppspec version": __version__,
+        PROTOCOL_FIELD: str(protocol.PROTOCOL),
         "vLLM version": str(getattr(vllm, "__version__", "unknown")),
         "mode": mode,
         "pipeline_parallel_size": str(runner.parallel_config.pipeline_parallel_size),
@@ -60,9 +102,8 @@ def fingerprint(runner: Any, mode: str) -> dict[str, str]:
         "draft hidden_size": str(getattr(hf, "hidden_size", None)),
         "max_num_seqs": str(runner.scheduler_config.max_num_seqs),
     }
-    for name in sorted(os.environ):
-        if name.startswith("VLLM_PPSPEC_") and name != TIMEOUT_ENV:
-            fields[f"${name}"] = os.environ[name]
+    for name in AGREED_SWITCHES:
+        fields[f"${name}"] = switch_value(name)
     return fields
 
 
@@ -94,10 +135,20 @@ def agree(group: Any, mine: dict[str, str], timeout: float | None = None) -> Non
         ) from e
     prints: list[Any] = [None] * dist.get_world_size(group)
     dist.all_gather_object(prints, mine, group=group)
+    # The protocol first, alone: another protocol's fields need not mean the same.
+    protocols = differences(
+        [{PROTOCOL_FIELD: p[PROTOCOL_FIELD]} if PROTOCOL_FIELD in p else {} for p in prints]
+    )
+    if protocols:
+        raise StartupMismatchError(
+            "vllm-ppspec: the PP ranks speak different versions of the plugin's protocol; "
+            "install a vllm-ppspec of the same protocol on every node. Differs: "
+            + "; ".join(protocols)
+        )
     diff = differences(prints)
     if diff:
         raise StartupMismatchError(
             "vllm-ppspec: the PP ranks were started differently; start every node with "
-            "the same vLLM, vllm-ppspec, speculative config and VLLM_PPSPEC_* switches. "
+            f"the same vLLM, speculative config and {', '.join(AGREED_SWITCHES)}. "
             "Differs: " + "; ".join(diff)
         )
