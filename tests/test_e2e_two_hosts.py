@@ -150,10 +150,11 @@ def test_hybrid_mtp_across_two_hosts_follows_pp1(
 
 
 MISMATCHES = {
-    # host 1 alone keeps one batch in flight: a different protocol
+    # host 1 alone keeps one batch in flight: a switch the ranks must agree on
+    # (runner/startup_check.AGREED_SWITCHES; host 0's unset reads as its default)
     "switch": (
         {"VLLM_PPSPEC_ONE_BATCH": "1"},
-        "$VLLM_PPSPEC_ONE_BATCH (rank 0: '<unset>', rank 1: '1')",
+        "$VLLM_PPSPEC_ONE_BATCH (rank 0: '0', rank 1: '1')",
     ),
     # host 1 alone keeps vLLM's own worker (which fails there by itself)
     "no-plugin": ({"VLLM_PPSPEC_AUTO": "0"}, "did not reach the plugin's start-up check"),
