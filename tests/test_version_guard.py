@@ -6,6 +6,7 @@ Version-neutral: these run on .venv (vLLM 0.32.0) and on the 0.33 overlay
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -148,3 +149,45 @@ def test_every_copy_of_upstream_logic_is_pinned_and_names_its_upstream_function(
             assert module.replace(".", "/") + ".py" in source, (where, module)
         else:
             assert qualname.split(".")[-1] in source, (where, qualname)
+
+
+@pytest.mark.parametrize("label", ["+cu128", "+cpu"])
+def test_the_installed_release_with_a_local_label_is_that_release(monkeypatch, label):
+    """A vendor or platform build (``0.32.0+cu128``) is checked against its
+    release's names and pins."""
+    import vllm
+
+    release = version_guard.installed_vllm_version()
+    monkeypatch.setattr(vllm, "__version__", release + label)
+    assert version_guard.installed_vllm_version() == release
+    assert version_guard.installed_vllm_label() == release + label
+    check_vllm()
+    assert version_guard.changed_mirrors() == []
+    assert version_guard.vllm_at_least(release)
+
+
+def test_0_32_0_cu128_is_supported_and_uses_0_32_0s_pins(monkeypatch):
+    import vllm
+
+    monkeypatch.setattr(vllm, "__version__", "0.32.0+cu128")
+    check_version()
+    assert version_guard.installed_vllm_version() == "0.32.0"
+    assert version_guard.vllm_at_least("0.32.0") and not version_guard.vllm_at_least("0.33.0")
+    label = version_guard.installed_vllm_label()
+    for _, _, pins, _ in version_guard.MIRRORED_FUNCTIONS:
+        assert version_guard.mirror_pin(pins, label) == pins["0.32.0"]
+
+
+def test_local_labels_map_to_their_release_and_other_releases_are_still_refused():
+    check_version("0.32.0+cu128")
+    check_version("0.33.0+cpu")
+    # The embedding decision is pinned apart per release: a label keeps its own.
+    share = next(
+        p
+        for _, q, p, _ in version_guard.MIRRORED_FUNCTIONS
+        if q == "SpecDecodeBaseProposer._maybe_share_embeddings"
+    )
+    assert version_guard.mirror_pin(share, "0.33.0+cpu") == share["0.33.0"] != share["0.32.0"]
+    for other in ("0.34.0+cu128", "0.31.0+cpu", "0.32.1+cu128"):
+        with pytest.raises(VLLMVersionError, match=rf"found vLLM {re.escape(other)}\."):
+            check_version(other)

@@ -304,8 +304,8 @@ def source_hash(module_name: str, qualname: str) -> str:
 
 
 def mirror_pin(pins: dict[str, str], version: str) -> str:
-    """The pinned hash for ``version`` (the reference's for an unsupported one)."""
-    return pins.get(version, pins[REFERENCE_VLLM_VERSION])
+    """The pinned hash for ``version``'s release (the reference's for an unsupported one)."""
+    return pins.get(base_version(version), pins[REFERENCE_VLLM_VERSION])
 
 
 def changed_mirrors(version: str | None = None) -> list[str]:
@@ -322,10 +322,25 @@ class VLLMVersionError(RuntimeError):
     """The installed vLLM is not one vllm-ppspec was built and tested for."""
 
 
-def installed_vllm_version() -> str:
+def base_version(version: str) -> str:
+    """The release without a local version label: '0.32.0+cu128' -> '0.32.0'.
+
+    Vendor and platform builds of a release label it (``+cpu``, ``+cu128``); the
+    supported versions, the pins and the drift data are keyed by the release.
+    """
+    return version.split("+", 1)[0]
+
+
+def installed_vllm_label() -> str:
+    """The installed vLLM's version as it reports it, local label included."""
     import vllm
 
     return str(getattr(vllm, "__version__", "unknown"))
+
+
+def installed_vllm_version() -> str:
+    """The installed vLLM's release, without its local label."""
+    return base_version(installed_vllm_label())
 
 
 def vllm_at_least(version: str) -> bool:
@@ -358,9 +373,10 @@ def supported_text() -> str:
 
 
 def check_version(version: str | None = None) -> None:
-    """Raise VLLMVersionError unless vLLM is a supported version (cheap: no runner import)."""
-    version = installed_vllm_version() if version is None else version
-    if version not in SUPPORTED_VLLM_VERSIONS:
+    """Raise VLLMVersionError unless vLLM is a supported release, any local label
+    (cheap: no runner import)."""
+    version = installed_vllm_label() if version is None else version
+    if base_version(version) not in SUPPORTED_VLLM_VERSIONS:
         newest = SUPPORTED_VLLM_VERSIONS[-1]
         raise VLLMVersionError(
             f"vllm-ppspec supports vLLM {supported_text()}; found vLLM {version}. "
