@@ -2,11 +2,25 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 UNSUPPORTED_WARNING = (
     "vllm-ppspec: vLLM {found} is not supported (supported: {supported}); the plugin "
     "installs nothing, and vLLM runs as without it. Selecting the plugin's worker "
     "(--worker-cls vllm_ppspec.worker.PPSpecWorker) fails on this version."
 )
+INSTALL_FAILED = (
+    "vllm-ppspec: installing the plugin's patches failed ({failure}); they were undone, "
+    "and vLLM runs as without the plugin. The plugin's worker refuses to start."
+)
+
+# Why install() failed in this process ("ExceptionType: message"), or None.
+_failure: str | None = None
+
+
+def install_failure() -> str | None:
+    """Why the patches could not be installed in this process, or None."""
+    return _failure
 
 
 def register() -> None:
@@ -15,22 +29,69 @@ def register() -> None:
     vLLM calls this in every process it starts (API server, engine core,
     workers), possibly more than once, whatever the worker: it must never stop
     vLLM itself. Only selecting the plugin's worker refuses an unsupported
-    version (``vllm_ppspec.worker`` checks it at import). Idempotent.
+    version (``vllm_ppspec.worker`` checks it at import) or a failed install
+    (``patches.config.require_installed``, which names :func:`install_failure`).
+    A failed install logs one error line and undoes what it had changed.
+    Idempotent.
     """
+    global _failure
     from vllm_ppspec.version_guard import (
         SUPPORTED_VLLM_VERSIONS,
+        installed_vllm_label,
         installed_vllm_version,
         supported_text,
     )
 
-    found = installed_vllm_version()
-    if found not in SUPPORTED_VLLM_VERSIONS:
-        from vllm.logger import init_logger
-
-        init_logger("vllm.ppspec").warning_once(
-            UNSUPPORTED_WARNING.format(found=found, supported=supported_text())
+    if installed_vllm_version() not in SUPPORTED_VLLM_VERSIONS:
+        _logger().warning_once(
+            UNSUPPORTED_WARNING.format(found=installed_vllm_label(), supported=supported_text())
         )
         return
-    from vllm_ppspec.patches.config import install
+    saved: list[tuple[Any, str, Any]] = []
+    try:
+        saved = _patched_attributes()
+        from vllm_ppspec.patches.config import install
 
-    install()
+        install()
+    except Exception as e:  # any failure: vLLM goes on without the plugin
+        _restore(saved)
+        _failure = f"{type(e).__name__}: {e}"
+        _logger().error(INSTALL_FAILED.format(failure=_failure))
+        _logger().debug("vllm-ppspec: the failed install", exc_info=True)
+        return
+    _failure = None
+
+
+def _logger() -> Any:
+    from vllm.logger import init_logger
+
+    return init_logger("vllm.ppspec")
+
+
+_ABSENT = object()
+
+
+def _patched_attributes() -> list[tuple[Any, str, Any]]:
+    """(owner, name, own value or _ABSENT) of every vLLM name the config patches
+    replace (``version_guard.PATCHED_NAMES``), as they are now."""
+    import importlib
+
+    from vllm_ppspec.version_guard import PATCHED_NAMES
+
+    saved = []
+    for module, qualname in PATCHED_NAMES:
+        owner: Any = importlib.import_module(module)
+        *path, name = qualname.split(".")
+        for part in path:
+            owner = getattr(owner, part)
+        saved.append((owner, name, vars(owner).get(name, _ABSENT)))
+    return saved
+
+
+def _restore(saved: list[tuple[Any, str, Any]]) -> None:
+    """Put back what :func:`_patched_attributes` saw."""
+    for owner, name, value in saved:
+        if value is not _ABSENT:
+            setattr(owner, name, value)
+        elif name in vars(owner):
+            delattr(owner, name)

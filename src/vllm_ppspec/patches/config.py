@@ -366,12 +366,22 @@ def _wrap_cpu_check(original: Any) -> Any:
 def require_installed() -> None:
     """Raise unless this process runs with the patches (called by the workers).
 
-    Without them (the ``ppspec`` plugin filtered out by ``VLLM_PLUGINS``) the
-    V2 runner could be chosen and the batch queue would be PP-deep, which gives
-    wrong tokens instead of an error.
+    Without them (the ``ppspec`` plugin filtered out by ``VLLM_PLUGINS``, or
+    its install failed and was undone) the V2 runner could be chosen and the
+    batch queue would be PP-deep, which gives wrong tokens instead of an error.
     """
     from vllm.config.vllm import VllmConfig
 
+    from vllm_ppspec.plugin import install_failure
+
+    failure = install_failure()
+    if failure is not None:
+        raise RuntimeError(
+            f"--worker-cls {WORKER_QUALNAME}: vllm-ppspec's vLLM plugin failed to install "
+            f"its patches in this process ({failure}), so its worker cannot run; leave "
+            "--worker-cls at auto for vLLM's own worker, or use a vLLM build the plugin "
+            "installs on."
+        )
     if not getattr(VllmConfig, _PATCHED_FLAG, False):
         raise RuntimeError(
             f"--worker-cls {WORKER_QUALNAME} needs vllm-ppspec's vLLM plugin 'ppspec', "
