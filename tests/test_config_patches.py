@@ -171,7 +171,7 @@ def test_plugin_worker_always_uses_the_v1_runner(target, monkeypatch):
     cfg = _config(target, worker_cls=WORKER_QUALNAME)
     assert cfg.use_v2_model_runner is False
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
-    with pytest.raises(ValueError, match="unset VLLM_USE_V2_MODEL_RUNNER"):
+    with pytest.raises(ValueError, match="VLLM_USE_V2_MODEL_RUNNER=1 requires Model Runner V2"):
         cfg.use_v2_model_runner  # noqa: B018
 
 
@@ -362,3 +362,62 @@ def test_async_with_the_legacy_ray_executor_is_refused_and_ray_v2_is_not(monkeyp
     # Sync scheduling and the mp executor are never refused for it.
     assert not legacy_ray_async(_pp_spec_namespace("ray", False))
     assert not legacy_ray_async(_pp_spec_namespace("mp", True))
+
+
+# vLLM's explicit-async refusals other than PP: each version's own message, the
+# plugin's worker or not (on 0.33 only the PP refusal is lifted, patches/async_hold.py).
+ASYNC_REFUSALS = {
+    "ngram": (
+        "Async scheduling is not supported by the V1 model runner with ngram-based",
+        "Currently, async scheduling is only supported with EAGLE/MTP/Draft Model",
+    ),
+    "disable_padded_drafter_batch": (
+        "Async scheduling is not supported by the V1 model runner with "
+        "disable_padded_drafter_batch=True",
+        "Async scheduling is not compatible with disable_padded_drafter_batch=True",
+    ),
+}
+
+
+def async_refusal(case: str) -> str:
+    on_033, on_032 = ASYNC_REFUSALS[case]
+    return on_033 if version_guard.vllm_at_least("0.33.0") else on_032
+
+
+@pytest.mark.parametrize("worker", [WORKER_QUALNAME, "auto"])
+def test_ngram_with_async_scheduling_is_refused_by_vllm_on_every_version(models, worker):
+    from vllm_ppspec_tools.fixtures.spec_configs import tiny_spec
+
+    target, spec = tiny_spec(models, "ngram", 3)
+    with pytest.raises(ValueError, match=async_refusal("ngram")):
+        _config(
+            models[target],
+            pipeline_parallel_size=2,
+            worker_cls=worker,
+            speculative_config=spec,
+            async_scheduling=True,
+        )
+
+
+def test_disable_padded_drafter_batch_with_async_is_refused_by_vllm_on_every_version(models):
+    spec = {**_draft_copy(models), "disable_padded_drafter_batch": True}
+    with pytest.raises(ValueError, match=async_refusal("disable_padded_drafter_batch")):
+        _config(
+            models["target"],
+            pipeline_parallel_size=2,
+            worker_cls=WORKER_QUALNAME,
+            speculative_config=spec,
+            async_scheduling=True,
+        )
+
+
+def test_the_pp_async_refusal_alone_is_lifted_on_every_version(models):
+    """The lift still holds for the methods the lanes run (draft_model here)."""
+    cfg = _config(
+        models["target"],
+        pipeline_parallel_size=2,
+        worker_cls=WORKER_QUALNAME,
+        speculative_config=_draft_copy(models),
+        async_scheduling=True,
+    )
+    assert cfg.scheduler_config.async_scheduling is True

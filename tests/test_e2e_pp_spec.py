@@ -267,7 +267,9 @@ def test_ngram_with_async_scheduling_is_refused_clearly(models):
     target, spec = tiny_spec(models, "ngram", K)
     res = run_job(job(models[target], pp=2, spec=spec, async_scheduling=True), timeout=300)
     assert res.returncode != 0
-    assert "async scheduling is only supported with EAGLE/MTP/Draft Model" in res.log
+    from tests.test_config_patches import async_refusal
+
+    assert async_refusal("ngram") in res.log
 
 
 def test_stock_worker_still_fails_with_pp_and_spec(models):

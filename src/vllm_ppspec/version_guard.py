@@ -126,6 +126,8 @@ PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
     # its post-schedule bookkeeping, extended for structured-output requests.
     ("vllm.v1.core.sched.async_scheduler", "AsyncScheduler"),
     ("vllm.v1.core.sched.async_scheduler", "AsyncScheduler._update_after_schedule"),
+    # Where the PP ranks are (runner/placement.py).
+    ("vllm.distributed.parallel_state", "in_the_same_node_as"),
     # Across hosts: a remote reply's read ends on shutdown (patches/remote_reads.py).
     ("vllm.distributed.device_communicators.shm_broadcast", "MessageQueue.dequeue"),
     ("vllm.distributed.device_communicators.shm_broadcast", "MessageQueue.recv"),
@@ -217,6 +219,13 @@ MIRRORED_FUNCTIONS: tuple[tuple[str, str, dict[str, str], str], ...] = (
         {"0.32.0": "b0d7df291932f1c3", "0.33.0": "b0d7df291932f1c3"},
         "patches.cpu_expand:expand_kernel (replaces it; drop it once upstream's writes its output)",
     ),
+    (
+        "vllm.config.vllm",
+        "VllmConfig.__post_init__",
+        {"0.32.0": "cf6216ccbd53cf09", "0.33.0": "91abd22091da6c46"},
+        "patches.async_hold:v1_async_refusal_besides_pp (0.33's explicit-async refusals "
+        "but the PP one; used on 0.33 only)",
+    ),
 )
 
 
@@ -272,8 +281,9 @@ EXPLAINED_DRIFT: dict[str, dict[str, str]] = {
         ),
         "vllm.config.vllm:VllmConfig.__post_init__": (
             "an explicit --async-scheduling with PP > 1 on the V1 runner now raises here, "
-            "before the platform hook: patches.config.hold_async lifts it for PP + spec "
-            "with the plugin's worker only (0.33 only); the rest is unrelated to the plugin"
+            "before the platform hook: patches.async_hold lifts that refusal alone, for PP + "
+            "spec with the plugin's worker (0.33 only); its other explicit-async refusals "
+            "(ngram, disable_padded_drafter_batch) stay vLLM's"
         ),
         "vllm.config.vllm:VllmConfig._get_v1_model_runner_unsupported_features": (
             "new refusals (xpress, draft lm_head quantization, the Parse MTP draft) that "

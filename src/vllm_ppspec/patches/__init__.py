@@ -66,7 +66,7 @@ REGISTRY: tuple[Patch, ...] = (
         remove_when="vLLM runs speculative decoding under PP on the runner users run",
     ),
     Patch(
-        module="vllm_ppspec.patches.config",
+        module="vllm_ppspec.patches.async_hold",
         when="config",
         targets=("vllm.config.vllm:VllmConfig.__post_init__",),
         why=(
@@ -75,10 +75,11 @@ REGISTRY: tuple[Patch, ...] = (
             "--async-scheduling with PP > 1, before any hook the plugin has"
         ),
         how=(
-            "under PP + spec with the plugin's worker only: vLLM's checks see "
-            "async_scheduling=False, then the explicit True is put back with what vLLM's "
-            "explicit-async branch does (executor check, DP sync without NCCL): hold_async, "
-            "restore_async"
+            "under PP + spec with the plugin's worker only, and only when the PP refusal is "
+            "the one vLLM would raise (patches.async_hold.v1_async_refusal_besides_pp): "
+            "vLLM's checks see async_scheduling=False, then the explicit True is put back "
+            "with what vLLM's explicit-async branch does (executor check, DP sync without "
+            "NCCL): hold_async, restore_async"
         ),
         upstream="vllm/config/vllm.py:VllmConfig.__post_init__ (0.33.0, v1_async_sched_incompat)",
         remove_when="vLLM runs PP + spec + async scheduling on the runner users run",

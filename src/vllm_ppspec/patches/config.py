@@ -13,8 +13,9 @@ itself under PP + spec when left at ``auto``, see ``__post_init__``):
   stays: vLLM refuses PP + async scheduling on the V1 runner because
   structured outputs desync the grammar FSM there (vLLM issue #45014, the
   note in that function), and the plugin changes nothing on that path.
-* ``VllmConfig.use_v2_model_runner``: False (the plugin extends the V1 runner);
-  an explicit ``VLLM_USE_V2_MODEL_RUNNER=1`` is refused with a ValueError.
+* ``VllmConfig.use_v2_model_runner``: False with the plugin's worker (it extends
+  the V1 runner); where vLLM requires V2 (``VLLM_USE_V2_MODEL_RUNNER=1``,
+  HiSparse, watermarking) that worker is refused with a ValueError.
 * ``CpuPlatform.check_and_update_config``: keeps an explicit
   ``--async-scheduling`` (the CPU platform turns it off unconditionally).
 * ``VllmConfig.max_concurrent_batches`` (PP + speculative decoding only):
@@ -25,8 +26,9 @@ itself under PP + spec when left at ``auto``, see ``__post_init__``):
   ``VLLM_PPSPEC_ASYNC_LANES=0``, the earlier mode: vLLM's async spec-decode
   correction then assumes the scheduler lags the worker by exactly one step).
 * ``VllmConfig.__post_init__`` (PP + spec): first, with ``--worker-cls auto``
-  (vLLM's default), selects the plugin's worker (:func:`select_worker`;
-  ``VLLM_PPSPEC_AUTO=0`` keeps vLLM's own). Then selects the plugin's scheduler,
+  (vLLM's default), selects the plugin's worker where vLLM would run its V1
+  runner (:func:`select_worker`, :mod:`.worker_choice`; where vLLM picks Model
+  Runner V2 it stays). Then selects the plugin's scheduler,
   :class:`vllm_ppspec.sched.filled.PPSpecScheduler` under sync scheduling (it
   applies each batch's drafts when that batch's output is processed) and
   :class:`vllm_ppspec.sched.lanes.PPSpecLaneScheduler` under async
@@ -48,9 +50,18 @@ import os
 from typing import Any
 
 from vllm_ppspec import WORKER_QUALNAME
-
-# Methods the plugin runs under PP, with the scheduling modes vLLM allows them.
-SUPPORTED_PP_METHODS = ("ngram", "draft_model", "eagle", "eagle3", "mtp")
+from vllm_ppspec.patches.async_hold import hold_async, restore_async
+from vllm_ppspec.patches.worker_choice import (
+    AUTO_ENV,
+    SUPPORTED_PP_METHODS,
+    Choice,
+    Decision,
+    decide,
+    facts_of,
+    plugin_named,
+    v2_refusal,
+    v2_required,
+)
 
 PP_ASYNC_REFUSAL = "pipeline parallelism with async scheduling"
 
@@ -60,8 +71,6 @@ ONE_BATCH_ENV = "VLLM_PPSPEC_ONE_BATCH"
 # Set to 0 to keep two batches in flight under PP + spec with async scheduling,
 # the stages taking turns (the plugin's earlier behaviour; for comparison).
 LANES_ENV = "VLLM_PPSPEC_ASYNC_LANES"
-# Set to 0 to keep vLLM's own worker when --worker-cls is left at "auto".
-AUTO_ENV = "VLLM_PPSPEC_AUTO"
 SCHEDULER_QUALNAME = "vllm_ppspec.sched.filled.PPSpecScheduler"
 LANE_SCHEDULER_QUALNAME = "vllm_ppspec.sched.lanes.PPSpecLaneScheduler"
 
@@ -69,8 +78,7 @@ _PATCHED_FLAG = "_vllm_ppspec_patched"
 
 
 def plugin_worker_selected(vllm_config: Any) -> bool:
-    worker_cls = getattr(vllm_config.parallel_config, "worker_cls", None)
-    return isinstance(worker_cls, str) and worker_cls.startswith("vllm_ppspec.")
+    return plugin_named(getattr(vllm_config.parallel_config, "worker_cls", None))
 
 
 def pp_spec_unsupported(vllm_config: Any) -> list[str]:
@@ -156,13 +164,9 @@ def _wrap_use_v2(original_prop: property) -> property:
     def wrapper(self: Any) -> bool:
         if not plugin_worker_selected(self):
             return bool(getter(self))
-        import vllm.envs as envs
-
-        if envs.VLLM_USE_V2_MODEL_RUNNER:
-            raise ValueError(
-                f"--worker-cls {WORKER_QUALNAME} extends vLLM's V1 model runner; "
-                "unset VLLM_USE_V2_MODEL_RUNNER or set it to 0."
-            )
+        reason = v2_required(self)
+        if reason is not None:
+            raise ValueError(v2_refusal(reason))
         return False
 
     return property(wrapper)
@@ -229,31 +233,41 @@ AUTO_NOTICE = (
     "vllm-ppspec: pipeline parallelism with speculative decoding and --worker-cls auto: "
     f"selected the worker {WORKER_QUALNAME} ({AUTO_ENV}=0 keeps vLLM's own)"
 )
+V2_NOTICE = (
+    "vllm-ppspec: vLLM's Model Runner V2 serves this configuration (pipeline parallelism "
+    "with speculative decoding): the plugin leaves it alone ({why}; {auto}=always selects "
+    "the plugin's worker)"
+)
 FOREIGN_WARNING = (
     "vllm-ppspec: --worker-cls {worker} with pipeline parallelism and speculative "
-    "decoding: vLLM's own V1 runner (0.32, 0.33) fails there at start-up; vllm-ppspec leaves "
+    "decoding: vLLM's V1 runner (0.32, 0.33) fails there at start-up; vllm-ppspec leaves "
     f"this worker alone (use --worker-cls auto or {WORKER_QUALNAME})"
 )
 
+# vLLM's own use_v2_model_runner getter, kept by install() before it is wrapped.
+_vllm_use_v2: Any = None
 
-def select_worker(vllm_config: Any) -> None:
-    """PP > 1 with a speculative config and ``--worker-cls auto``: the plugin's worker.
+
+def select_worker(vllm_config: Any) -> Decision:
+    """Who serves PP + spec (:mod:`.worker_choice`), applied to ``worker_cls``.
 
     Runs before vLLM's ``VllmConfig.__post_init__`` (whose platform hook turns
     ``auto`` into vLLM's own worker), in every process that builds a config.
-    ``VLLM_PPSPEC_AUTO=0`` turns it off; an explicit other worker is left alone,
-    with a warning. Every other configuration is left as it is.
+    Only ``--worker-cls auto`` is changed, and only where vLLM would run its
+    V1 runner (or ``VLLM_PPSPEC_AUTO=always``); an explicit other worker is
+    left alone, with a warning where it runs the V1 runner.
     """
-    parallel = vllm_config.parallel_config
-    if vllm_config.speculative_config is None or parallel.pipeline_parallel_size <= 1:
-        return
-    worker = parallel.worker_cls
-    if worker == "auto":
-        if os.environ.get(AUTO_ENV, "1") != "0":
-            parallel.worker_cls = WORKER_QUALNAME
-            _log_once("info", AUTO_NOTICE)
-    elif not plugin_worker_selected(vllm_config):
-        _log_once("warning", FOREIGN_WARNING.format(worker=worker))
+    decision = decide(facts_of(vllm_config, _vllm_use_v2))
+    worker = vllm_config.parallel_config.worker_cls
+    if decision.choice is Choice.PLUGIN and worker == "auto":
+        vllm_config.parallel_config.worker_cls = WORKER_QUALNAME
+        _log_once("info", AUTO_NOTICE)
+    elif decision.choice is Choice.VLLM_V2 and worker == "auto":
+        _log_once("info", V2_NOTICE.format(why=decision.why, auto=AUTO_ENV))
+    elif decision.choice is Choice.VLLM_V1 and worker != "auto":
+        if vllm_config.speculative_config.method in SUPPORTED_PP_METHODS:
+            _log_once("warning", FOREIGN_WARNING.format(worker=worker))
+    return decision
 
 
 def _log_once(level: str, msg: str) -> None:
@@ -262,54 +276,12 @@ def _log_once(level: str, msg: str) -> None:
     getattr(init_logger("vllm.ppspec"), f"{level}_once")(msg)
 
 
-def refuses_pp_async_in_post_init() -> bool:
-    """vLLM 0.33's ``__post_init__`` raises "Async scheduling is not supported by the
-    V1 model runner with pipeline parallelism." for an explicit --async-scheduling
-    (0.32 refuses it later, in ``_get_v1_model_runner_unsupported_features``)."""
-    from vllm_ppspec.version_guard import vllm_at_least
-
-    return vllm_at_least("0.33.0")
-
-
-def hold_async(vllm_config: Any) -> bool:
-    """Lift vLLM 0.33's PP + async refusal for PP + spec with the plugin's worker.
-
-    Called before vLLM's ``__post_init__``. When the refusal applies, the
-    explicit ``async_scheduling=True`` is replaced by ``False`` for the length
-    of vLLM's checks (``False`` is an explicit choice: vLLM neither raises nor
-    logs about it) and :func:`restore_async` puts it back. Returns whether it
-    held it. Without spec, or with vLLM's own worker, vLLM's refusal stays.
-    """
-    if not (
-        spec_pp_active(vllm_config)
-        and vllm_config.scheduler_config.async_scheduling is True
-        and refuses_pp_async_in_post_init()
-    ):
-        return False
-    vllm_config.scheduler_config.async_scheduling = False
-    return True
-
-
-def restore_async(vllm_config: Any, dp_sync_unset: bool) -> None:
-    """After vLLM's ``__post_init__``: async scheduling back on, with what vLLM's
-    explicit-async branch does that the plugin needs (executor check, DP
-    synchronisation over gloo instead of NCCL when the user left it unset)."""
-    from vllm.v1.executor.abstract import Executor
-
-    if not Executor.get_class(vllm_config).supports_async_scheduling():
-        backend = vllm_config.parallel_config.distributed_executor_backend
-        raise ValueError(f"`{backend}` does not support async scheduling yet.")
-    vllm_config.scheduler_config.async_scheduling = True
-    if dp_sync_unset:
-        vllm_config.parallel_config.disable_nccl_for_dp_synchronization = True
-
-
 def _wrap_post_init(original: Any) -> Any:
     @functools.wraps(original)
     def wrapper(self: Any) -> None:
         select_worker(self)
         dp_sync_unset = self.parallel_config.disable_nccl_for_dp_synchronization is None
-        held = hold_async(self)
+        held = hold_async(self, spec_pp_active(self))
         original(self)
         if held:
             restore_async(self, dp_sync_unset)
@@ -399,6 +371,8 @@ def install() -> None:
     VllmConfig._get_v1_model_runner_unsupported_features = (  # type: ignore[method-assign]
         _wrap_unsupported_features(VllmConfig._get_v1_model_runner_unsupported_features)
     )
+    global _vllm_use_v2
+    _vllm_use_v2 = VllmConfig.__dict__["use_v2_model_runner"].fget
     VllmConfig.use_v2_model_runner = _wrap_use_v2(  # type: ignore[method-assign,assignment]
         VllmConfig.__dict__["use_v2_model_runner"]
     )
