@@ -66,6 +66,7 @@ from vllm_ppspec.runner.embedding_handover import give_drafter_the_target_embedd
 from vllm_ppspec.runner.lane_steps import LaneSteps, lane_scheduler_selected  # noqa: E402
 from vllm_ppspec.runner.mode import Mode, choose_mode  # noqa: E402
 from vllm_ppspec.runner.peer_watch import watch_pp_peers  # noqa: E402
+from vllm_ppspec.runner.placement import peer_watch_host  # noqa: E402
 from vllm_ppspec.runner.startup_check import agree, fingerprint  # noqa: E402
 from vllm_ppspec.runner.sync_steps import SyncSteps  # noqa: E402
 from vllm_ppspec.runner.two_batch import TwoBatchSteps  # noqa: E402
@@ -190,9 +191,11 @@ class PPSpecRunnerMixin:
                 )
         if self._ppspec_is_last:
             isolate_drafter(self.drafter)  # type: ignore[attr-defined]
-        # Every PP rank, once, here: a dead peer ends this worker (peer_watch.py),
-        # over the loopback on one host, else on the address vLLM uses for this node.
-        watch_pp_peers(pp.cpu_group, self._ppspec_peer_host())
+        # Every PP rank, once, here, in this order on the PP gloo group: the
+        # placement check (placement.py), then the peer watch's address
+        # exchange. A dead peer ends this worker (peer_watch.py), over the
+        # loopback when the ranks share this host, else on this node's address.
+        watch_pp_peers(pp.cpu_group, peer_watch_host(pp.cpu_group))
         logger.info(
             "vllm-ppspec: PP rank %d/%d, speculative method %s, k=%d, %s scheduling",
             pp.rank_in_group,
@@ -201,12 +204,6 @@ class PPSpecRunnerMixin:
             self.num_spec_tokens,
             mode.value,
         )
-
-    def _ppspec_peer_host(self) -> str:
-        from vllm.utils.network_utils import get_ip, get_loopback_ip
-
-        one_host = self.parallel_config.nnodes <= 1  # type: ignore[attr-defined]
-        return get_loopback_ip() if one_host else get_ip()
 
     def _ppspec_install_dp_agreement(self) -> None:
         """On a rank holding a model drafter at DP > 1, install the DP agreement."""

@@ -62,12 +62,15 @@ class BatchesInFlight:
 
 
 def across_hosts(vllm_config: Any) -> None:
-    """Across hosts (``--nnodes`` > 1), this engine core's reads of a remote
-    worker's reply end when the executor shuts down (patches/remote_reads.py)."""
-    if int(vllm_config.parallel_config.nnodes) > 1:
-        from vllm_ppspec.patches import remote_reads
+    """This engine core's reads of a remote worker's reply end when the
+    executor shuts down (patches/remote_reads.py). Installed whatever
+    ``--nnodes`` says (vLLM keeps it at 1 under Ray, which places ranks on
+    several hosts): the patch changes only the readers vLLM itself made
+    remote (``MessageQueue._is_remote_reader``), so it follows where the
+    workers actually are, and leaves local readers to vLLM."""
+    from vllm_ppspec.patches import remote_reads
 
-        remote_reads.install()
+    remote_reads.install()
 
 
 class PPSpecScheduler(Scheduler):

@@ -1,0 +1,102 @@
+"""The peer watch follows where the PP ranks are, not ``--nnodes``.
+
+vLLM keeps ``parallel_config.nnodes`` at 1 under Ray, which places ranks on
+several hosts. The stand-in here is that placement without Ray (Ray refuses
+vLLM's CPU platform): two PP ranks joined by a gloo group, each in its own
+network namespace with its own ``/dev/shm`` (``tests/netns.py``), and nothing
+telling them how many nodes there are. Each rank picks its peer-watch address
+(``runner/placement.py``) and connects its peer watch; the same two ranks in
+the root namespace use the loopback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.netns import veth_hosts
+
+REPO = Path(__file__).resolve().parent.parent
+
+RANK = """
+import json, os, sys
+import torch.distributed as dist
+from vllm_ppspec.runner.peer_watch import connect_peers
+from vllm_ppspec.runner.placement import peer_watch_host, pp_on_one_host
+rank = int(sys.argv[1])
+dist.init_process_group("gloo", init_method=sys.argv[2], rank=rank, world_size=2)
+group = dist.new_group(backend="gloo")
+one = pp_on_one_host(group)
+host = peer_watch_host(group)
+peers = connect_peers(group, host)
+print(json.dumps({"one_host": one, "host": host, "peers": sorted(peers)}), flush=True)
+dist.destroy_process_group()
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _run(cmds: list[list[str]], envs: list[dict[str, str]]) -> list[dict]:
+    procs = [
+        subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for cmd, env in zip(cmds, envs, strict=True)
+    ]
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err[-3000:]
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    return results
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO), **extra}
+    env.pop("VLLM_HOST_IP", None)
+    return {**env, **extra}
+
+
+def test_ranks_on_two_hosts_watch_each_other_on_their_own_addresses():
+    with veth_hosts("place") as (a, b):
+        init = f"tcp://{a.addr}:{_free_port()}"
+        cmds = []
+        for rank, host in enumerate((a, b)):
+            own_shm = f'mount -t tmpfs tmpfs /dev/shm && exec {sys.executable} -c "$0" $@'
+            cmds.append(host.cmd("unshare", "--mount", "sh", "-c", own_shm, RANK, str(rank), init))
+        envs = [_env(VLLM_HOST_IP=h.addr, GLOO_SOCKET_IFNAME=h.ifname) for h in (a, b)]
+        r0, r1 = _run(cmds, envs)
+    assert (r0["one_host"], r1["one_host"]) == (False, False)
+    assert (r0["host"], r1["host"]) == (a.addr, b.addr)
+    assert (r0["peers"], r1["peers"]) == ([1], [0])
+
+
+def test_ranks_on_one_host_watch_each_other_on_the_loopback():
+    init = f"tcp://127.0.0.1:{_free_port()}"
+    cmds = [[sys.executable, "-c", RANK, str(rank), init] for rank in (0, 1)]
+    r0, r1 = _run(cmds, [_env(), _env()])
+    assert (r0["one_host"], r1["one_host"]) == (True, True)
+    assert r0["host"] == r1["host"] == "127.0.0.1"
+    assert (r0["peers"], r1["peers"]) == ([1], [0])
+
+
+def test_the_remote_read_patch_is_installed_whatever_nnodes_says(monkeypatch):
+    """The engine core's plugin schedulers install it at ``nnodes == 1`` too:
+    it changes only readers vLLM made remote (``patches/remote_reads.py``)."""
+    from types import SimpleNamespace
+
+    from vllm.distributed.device_communicators.shm_broadcast import MessageQueue
+
+    from vllm_ppspec.patches import remote_reads
+    from vllm_ppspec.sched.filled import across_hosts
+
+    original = getattr(MessageQueue.dequeue, "__wrapped__", MessageQueue.dequeue)
+    monkeypatch.setattr(MessageQueue, "dequeue", original)
+    across_hosts(SimpleNamespace(parallel_config=SimpleNamespace(nnodes=1)))
+    assert getattr(MessageQueue.dequeue, remote_reads._FLAG, False)
