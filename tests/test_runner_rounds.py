@@ -326,6 +326,7 @@ def _set_up_runner(monkeypatch, spec: bool):
     pp = SimpleNamespace(world_size=2, is_last_rank=False, rank_in_group=0, cpu_group=None)
     monkeypatch.setattr(runner_mod, "get_pp_group", lambda: pp)
     monkeypatch.setattr(runner_mod, "watch_pp_peers", lambda group, host: [])
+    monkeypatch.setattr(runner_mod, "peer_watch_host", lambda group: "127.0.0.1")
     agreed: list[dict] = []  # the start-up check's collective (tests/test_startup_check.py)
     monkeypatch.setattr(runner_mod, "agree", lambda group, mine: agreed.append(mine))
     monkeypatch.setattr(runner_mod, "lane_scheduler_selected", lambda config: False)
