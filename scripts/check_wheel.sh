@@ -5,7 +5,8 @@
 # a .pth line, which does not run .venv's editable hook: every vllm_ppspec
 # module must come from the wheel. Checks: the vllm.general_plugins entry point
 # loads, --worker-cls vllm_ppspec.worker.PPSpecWorker resolves, nothing from the
-# checkout or the test fixtures is imported, and the tools run from the wheel.
+# checkout or the test fixtures is imported, the tools' console scripts are
+# declared and resolve to their main(), and the tools run from the wheel.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
@@ -35,9 +36,18 @@ outside = {n: f for n, f in mine.items() if not (f or "").startswith(site)}
 assert not outside, f"modules not from the wheel: {outside}"
 tools = [n for n in mine if n.startswith("vllm_ppspec_tools")]
 assert not tools, f"the plugin imported tools or fixtures: {tools}"
+scripts = {
+    e.name: e for e in md.entry_points(group="console_scripts") if e.name.startswith("vllm-ppspec-")
+}
+want = {"demo", "bench", "soak", "transport-bench", "async-cpu-bench", "drift"}
+assert set(scripts) == {f"vllm-ppspec-{t}" for t in want}, sorted(scripts)
+for name, e in scripts.items():
+    main = e.load()
+    assert main.__name__ == "main" and main.__module__.startswith("vllm_ppspec_tools."), name
+    assert sys.modules[main.__module__].__file__.startswith(site), name
 print(f"wheel: entry point loaded, {worker.__module__}.{worker.__name__} resolved, "
       f"{len(mine)} vllm_ppspec modules, all from {site}")
 PY
 "$out/venv/bin/python" -m vllm_ppspec_tools.drift --help > /dev/null
-"$out/venv/bin/python" -m vllm_ppspec.demo --help > /dev/null
+"$out/venv/bin/python" -m vllm_ppspec_tools.demo --help > /dev/null
 echo "wheel: $(basename "$wheel") checked; tools run from it"

@@ -1,6 +1,8 @@
 """Async vs sync scheduling with speculative decoding on CPU, before and after the eager correction.
 
-    python -m vllm_ppspec_tools.async_cpu_bench [--pps 1,2] [--repeats 2] [--max-tokens 64]
+    vllm-ppspec-async-cpu-bench [--pps 1,2] [--repeats 2] [--max-tokens 64]
+
+(``python -m vllm_ppspec_tools.async_cpu_bench`` runs the same.)
 
 Each configuration runs in a fresh offline engine (the plugin's worker, tiny
 target, ``draft_model`` = a copy of the target, k=3, so every draft is accepted

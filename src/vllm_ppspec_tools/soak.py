@@ -1,9 +1,11 @@
 """Soak: many requests through a real ``vllm serve`` with the plugin, bounded in time.
 
-    python -m vllm_ppspec_tools.soak [--requests 300] [--in-flight 16] [--method draft_model]
-                               [-k 3] [--modes sync,async] [--abort-fraction 0.1]
-                               [--sampled-fraction 0.2] [--num-kv-blocks 6]
-                               [--request-timeout 120] [--out results/soak.json]
+    vllm-ppspec-soak [--requests 300] [--in-flight 16] [--method draft_model]
+                     [-k 3] [--modes sync,async] [--abort-fraction 0.1]
+                     [--sampled-fraction 0.2] [--num-kv-blocks 6]
+                     [--request-timeout 120] [--out results/soak.json]
+
+(``python -m vllm_ppspec_tools.soak`` runs the same.)
 
 On the tiny local models (testing.tiny_models), over 127.0.0.1 with the
 ``openai`` client:

@@ -1,6 +1,8 @@
 """Cost of one speculative round (async scheduling), two local gloo ranks.
 
-    python -m vllm_ppspec_tools.transport_bench [--rounds 300]
+    vllm-ppspec-transport-bench [--rounds 300]
+
+(``python -m vllm_ppspec_tools.transport_bench`` runs the same.)
 
 Times one round as seen by the receiver (from a barrier to the round in its
 hands) at 16 and 256 requests with k=3 and k=7 (``max_num_seqs`` 256, vLLM's
