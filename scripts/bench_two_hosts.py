@@ -4,8 +4,9 @@
         [--modes nospec,sync,async,async-noprepost,ngram] [--drafter draft_copy]
         [--tokens 128] [--repeats 2] [--out results/two_hosts.json]
 
-Two hosts of network + pid namespaces (tests/two_hosts.py) joined by the
-delay line (tests/delay_line.py: every packet delayed by D ms one way). For
+Two hosts of network + pid namespaces (vllm_ppspec_tools.hosts.two_hosts)
+joined by the delay line (hosts.delay_line: every packet delayed by D ms one
+way). For
 each delay, each mode starts ``vllm serve --nnodes 2`` on the two hosts
 (compiled: vLLM's eager PP=2 without speculation fails on CPU) and measures
 greedy tok/s with 1 request in flight (``--tokens`` each, 3 requests one
@@ -35,12 +36,11 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from vllm_ppspec_tools.fixtures.server import openai_client
+from vllm_ppspec_tools.fixtures.tiny_models import build_all
+from vllm_ppspec_tools.hosts.two_hosts import Pipeline, two_hosts
 
-from tests.two_hosts import Pipeline, two_hosts  # noqa: E402
-from vllm_ppspec_tools.fixtures.server import openai_client  # noqa: E402
-from vllm_ppspec_tools.fixtures.tiny_models import build_all  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 
 def clocks(base: str) -> list[dict[str, float]]:

@@ -28,13 +28,11 @@ import argparse
 import os
 import re
 import statistics
-import sys
 import time
 from datetime import datetime
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
 STAMP = re.compile(r"^\((\S+) pid=\d+\) \w+ \d\d-\d\d (\d\d:\d\d:\d\d)")
 
@@ -74,8 +72,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
-    from tests.engine_jobs import job
-    from vllm_ppspec_tools.fixtures.jobs import run_job
+    from vllm_ppspec_tools.fixtures.jobs import job, run_job
     from vllm_ppspec_tools.fixtures.tiny_models import build_all
 
     models = build_all(REPO / ".cache" / "models")

@@ -1,4 +1,4 @@
-"""The delay line (tests/delay_line.py) adds its one-way delay to every
+"""The delay line (vllm_ppspec_tools/hosts/delay_line.py) adds its one-way delay to every
 packet between two namespaces, both ways, and stays under its CPU bound."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from tests.delay_line import delay_link
-from tests.netns import bare_hosts
+from vllm_ppspec_tools.hosts.delay_line import delay_link
+from vllm_ppspec_tools.hosts.netns import bare_hosts
 
 ECHO = """
 import socket, sys

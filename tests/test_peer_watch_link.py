@@ -1,7 +1,7 @@
 """The PP peer watcher notices a lost link between two hosts within its bound.
 
 Two network namespaces joined by a veth pair stand for two hosts
-(``tests/netns.py``). A rank's watcher connection (``runner/peer_watch.py``:
+(``vllm_ppspec_tools/hosts/netns.py``). A rank's watcher connection (``runner/peer_watch.py``:
 TCP keepalive, idle 3 s, 3 probes 1 s apart) stays quiet while the link is
 up and idle, and reports the peer gone once the link is cut without a FIN
 or a reset, as when a cable or a host's network goes.
@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 
-from tests.netns import link_down, veth_hosts
+from vllm_ppspec_tools.hosts.netns import link_down, veth_hosts
 
 # The bound stated in docs/reliability.md for a lost link: keepalive's
 # 3 + 3 x 1 s, and the slack of the kernel's timers.

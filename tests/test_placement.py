@@ -3,7 +3,7 @@
 vLLM keeps ``parallel_config.nnodes`` at 1 under Ray, which places ranks on
 several hosts. The stand-in here is that placement without Ray (Ray refuses
 vLLM's CPU platform): two PP ranks joined by a gloo group, each in its own
-network namespace with its own ``/dev/shm`` (``tests/netns.py``), and nothing
+network namespace with its own ``/dev/shm`` (``vllm_ppspec_tools/hosts/netns.py``), and nothing
 telling them how many nodes there are. Each rank picks its peer-watch address
 (``runner/placement.py``) and connects its peer watch; the same two ranks in
 the root namespace use the loopback.
@@ -18,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.netns import veth_hosts
+from vllm_ppspec_tools.hosts.netns import veth_hosts
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -1,7 +1,7 @@
 """Over a slow link, a round costs the receiver one one-way trip.
 
-Two ranks of a gloo group, each in its own network namespace (tests/netns.py),
-joined by the delay line (tests/delay_line.py: every packet held D ms one
+Two ranks of a gloo group, each in its own network namespace (hosts/netns.py),
+joined by the delay line (hosts/delay_line.py: every packet held D ms one
 way). The receiver posts its receive of every round first (``expect``, as a
 non-last PP rank does at the end of its step); the sender then sends them
 one by one. ``Round.travel_wait_s`` is how long the receiver waited after the
@@ -20,8 +20,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.delay_line import delay_link
-from tests.netns import bare_hosts
+from vllm_ppspec_tools.hosts.delay_line import delay_link
+from vllm_ppspec_tools.hosts.netns import bare_hosts
 
 REPO = Path(__file__).resolve().parent.parent
 DELAY_MS = 30.0

@@ -1,4 +1,4 @@
-"""Process 1 of a test "host"'s pid namespace (tests/two_hosts.py).
+"""Process 1 of a "host"'s pid namespace (``two_hosts``).
 
 Runs the fork server (``vllm_ppspec_tools.fixtures.forkserver``) as its child,
 on this process's stdin / stdout, and reaps every process of the namespace

@@ -1,6 +1,6 @@
 """A link with a one-way delay between two network namespaces (no ``tc netem`` here).
 
-    python -m tests.delay_line NS_A IF_A ADDR_A NS_B IF_B ADDR_B DELAY_MS
+    python -m vllm_ppspec_tools.hosts.delay_line NS_A IF_A ADDR_A NS_B IF_B ADDR_B DELAY_MS
 
 One process opens a TUN device in each namespace (entering it with
 ``setns`` for the ``open`` and the ``TUNSETIFF``, then returning), gives each
@@ -107,7 +107,8 @@ def delay_link(
     """The delay line between two existing namespaces, for the ``with`` block;
     then its CPU use, which must stay under a quarter of one core."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.delay_line", ns_a, if_a, addr_a, ns_b, if_b, addr_b]
+        [sys.executable, "-m", "vllm_ppspec_tools.hosts.delay_line"]
+        + [ns_a, if_a, addr_a, ns_b, if_b, addr_b]
         + [str(delay_ms)],
         stdout=subprocess.PIPE,
         text=True,

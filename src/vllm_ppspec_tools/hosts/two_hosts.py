@@ -1,0 +1,281 @@
+"""Two hosts on this machine, for PP across hosts (tests/test_e2e_two_hosts.py,
+scripts/bench_two_hosts.py).
+
+Each host is a network namespace with its own pid namespace, ``/dev/shm``
+and hostname (``netns`` makes the namespaces and the veth pair between them,
+or ``delay_line`` a slow link; a second veth pair joins the first host to the
+root namespace, where the client runs). Its process 1 is ``node_init``,
+which runs a fork server (vLLM imported once per host) inside the host:
+every ``vllm serve`` is forked from it, so it runs in that host's
+namespaces, with that host's pids.
+
+Pids: the fork server reports the pids of its host's namespace. Signals
+from the caller go to the matching pid of the root namespace
+(:meth:`Node.root_pid`, from ``NSpid`` in ``/proc/<pid>/status``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vllm_ppspec_tools.fixtures import forkserver
+from vllm_ppspec_tools.fixtures.server import health, pp_spec_args, serve_args
+from vllm_ppspec_tools.fixtures.spec_configs import tiny_spec
+from vllm_ppspec_tools.hosts.delay_line import delay_link
+from vllm_ppspec_tools.hosts.netns import Host, _ip, bare_hosts, veth_hosts
+
+K = 3  # draft tokens per round (the tests' K, tests/acceptance.py)
+MAX_MODEL_LEN = 512
+API_PORT = 8000
+MASTER_PORT = 29511
+
+
+def host_fork_server(host: Host, hostname: str) -> forkserver.ForkServer:
+    """A fork server started as process 1's child in a host's namespaces."""
+    script = (
+        "mount -t tmpfs -o size=4g tmpfs /dev/shm && "
+        f"hostname {hostname} && exec {sys.executable} -m vllm_ppspec_tools.hosts.node_init"
+    )
+    cmd = host.cmd(
+        "unshare", "--pid", "--fork", "--mount-proc", "--uts", "--mount", "sh", "-c", script
+    )  # fmt: skip
+    return forkserver.ForkServer(cmd, None, dict(os.environ), f"host {hostname}'s fork server")
+
+
+def _pid_ns(pid: int) -> str:
+    return os.readlink(f"/proc/{pid}/ns/pid")
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        out += [int(c) for c in (task / "children").read_text().split()]
+    return out
+
+
+@dataclass
+class Node:
+    rank: int
+    host: Host
+    server: forkserver.ForkServer
+    jobs: list[Any] = field(default_factory=list)
+
+    def init_pid(self) -> int:
+        """Root-namespace pid of this host's process 1 (unshare's child)."""
+        assert self.server._proc is not None  # ip netns exec -> unshare, in place
+        return _children(self.server._proc.pid)[0]
+
+    def pids(self) -> list[int]:
+        """Root-namespace pids of every process in this host's pid namespace."""
+        try:
+            ns = _pid_ns(self.init_pid())
+        except (OSError, IndexError):
+            return []
+        out = []
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    if _pid_ns(int(entry.name)) == ns:
+                        out.append(int(entry.name))
+                except OSError:
+                    pass
+        return out
+
+    def vllm_pids(self) -> list[int]:
+        """This host's processes but the harness's own (process 1, the fork server)."""
+        try:
+            init = self.init_pid()
+        except (OSError, IndexError, AssertionError):
+            return []
+        harness = {init, *_children(init)} if Path(f"/proc/{init}").exists() else {init}
+        return [p for p in self.pids() if p not in harness]
+
+    def root_pid(self, ns_pid: int) -> int:
+        """The root-namespace pid of this host's process ``ns_pid``."""
+        for pid in self.pids():
+            try:
+                status = Path(f"/proc/{pid}/status").read_text()
+            except OSError:
+                continue
+            line = next(x for x in status.splitlines() if x.startswith("NSpid:"))
+            if int(line.split()[-1]) == ns_pid:
+                return pid
+        raise ProcessLookupError(f"no process {ns_pid} on host {self.rank}")
+
+    def start(self, argv: list[str], log: Path, env: dict[str, str]) -> Any:
+        job = self.server.start("vllm.entrypoints.cli.main", argv, str(log), env)
+        self.jobs.append(job)
+        return job
+
+    def kill_job(self, job: Any) -> None:
+        try:
+            os.killpg(self.root_pid(job.pid), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def link_up(self) -> None:
+        _ip("-n", self.host.netns, "link", "set", self.host.ifname, "up")
+
+    def kill_host(self) -> None:
+        """SIGKILL process 1: the kernel kills every process of the host."""
+        os.kill(self.init_pid(), signal.SIGKILL)
+
+
+@dataclass
+class TwoHosts:
+    nodes: tuple[Node, Node]
+    client_addr: str  # host 0's address on the client link (the API server's)
+
+
+@contextmanager
+def two_hosts(tag: str, delay_ms: float | None = None) -> Iterator[TwoHosts]:
+    """Hosts 0 and 1 (fork servers started), and the client link to host 0.
+    The hosts' link is a veth pair, or with ``delay_ms`` the delay line
+    (``delay_line``: TUN devices, that one-way delay)."""
+    with ExitStack() as stack:
+        if delay_ms is None:
+            a, b = stack.enter_context(veth_hosts(tag))
+        else:
+            a, b = stack.enter_context(bare_hosts(tag))
+            stack.enter_context(
+                delay_link(a.netns, a.ifname, a.addr, b.netns, b.ifname, b.addr, delay_ms)
+            )
+        subnet = a.addr.split(".")[2]
+        root_if, host_if = f"{a.ifname[:-1]}c", f"{a.ifname[:-1]}d"
+        client_addr = f"10.232.{subnet}.2"
+        _ip("link", "add", root_if, "type", "veth", "peer", "name", host_if)
+        stack.callback(subprocess.run, ["ip", "link", "delete", root_if], capture_output=True)
+        _ip("link", "set", host_if, "netns", a.netns)
+        _ip("addr", "add", f"10.232.{subnet}.1/24", "dev", root_if)
+        _ip("link", "set", root_if, "up")
+        _ip("-n", a.netns, "addr", "add", f"{client_addr}/24", "dev", host_if)
+        _ip("-n", a.netns, "link", "set", host_if, "up")
+        nodes = tuple(
+            Node(rank, host, host_fork_server(host, f"ppspec-host{rank}"))
+            for rank, host in enumerate((a, b))
+        )
+        for node in nodes:
+            stack.callback(_end_host, node)
+        for node in nodes:
+            node.server._ensure()
+        yield TwoHosts(nodes, client_addr)  # type: ignore[arg-type]
+
+
+def _end_host(node: Node) -> None:
+    for job in node.jobs:
+        node.kill_job(job)
+    try:
+        node.kill_host()
+    except (OSError, IndexError, AssertionError):
+        pass
+    deadline = time.monotonic() + 30
+    while node.pids() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    node.server.close()
+
+
+def node_args(
+    models,
+    drafter: str | tuple[str, dict] | None,
+    hosts: TwoHosts,
+    rank: int,
+    *extra: str,
+    eager: bool = True,
+) -> list[str]:
+    """One node's ``vllm serve`` command line: ``drafter`` a tiny drafter's
+    name, or (model path, speculative config); ``None``: no speculation (the
+    plugin's worker then changes nothing); ``eager=False``: compiled."""
+    if isinstance(drafter, tuple):
+        model, spec = drafter
+    else:
+        target, spec = tiny_spec(models, drafter or "draft_copy", K)
+        model = models[target]
+    base = serve_args(model, "tiny", MAX_MODEL_LEN, *extra)
+    if not eager:
+        base.remove("--enforce-eager")
+    if drafter is None:
+        pp = ["--pipeline-parallel-size", "2", "--distributed-executor-backend", "mp"]
+    else:
+        pp = pp_spec_args(2, spec, worker_cls=False)
+    args = [
+        "vllm",
+        "serve",
+        *base,
+        *pp,
+        "--nnodes", "2", "--node-rank", str(rank),
+        "--master-addr", hosts.nodes[0].host.addr, "--master-port", str(MASTER_PORT),
+    ]  # fmt: skip
+    if rank == 0:
+        return [*args, "--host", hosts.client_addr, "--port", str(API_PORT)]
+    return [*args, "--headless"]
+
+
+def node_env(hosts: TwoHosts, rank: int) -> dict[str, str]:
+    """What each node needs (README, "Across hosts"): its own address for vLLM
+    and gloo, and one OpenMP core list per local rank."""
+    host = hosts.nodes[rank].host
+    return {
+        **os.environ,
+        "VLLM_HOST_IP": host.addr,
+        "GLOO_SOCKET_IFNAME": host.ifname,
+        "VLLM_CPU_OMP_THREADS_BIND": str(rank % (os.cpu_count() or 1)),
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+    }
+
+
+class Pipeline:
+    """The two nodes of one ``vllm serve --nnodes 2``."""
+
+    def __init__(
+        self,
+        hosts: TwoHosts,
+        models,
+        drafter: str | tuple[str, dict] | None,
+        tmp_path: Path,
+        *extra: str,
+        env: dict[int, dict[str, str]] | None = None,
+        common: dict[str, str] | None = None,
+        eager: bool = True,
+    ):
+        """``env``: extra environment per host rank; ``common``: for both."""
+        self.hosts = hosts
+        self.base = f"http://{hosts.client_addr}:{API_PORT}"
+        self.logs = [tmp_path / f"host{r}.log" for r in (0, 1)]
+        self.jobs = [
+            node.start(
+                node_args(models, drafter, hosts, r, *extra, eager=eager),
+                self.logs[r],
+                {**node_env(hosts, r), **(common or {}), **(env or {}).get(r, {})},
+            )
+            for r, node in enumerate(hosts.nodes)
+        ]
+
+    def wait_ready(self, timeout: float = 300) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for r, j in enumerate(self.jobs):
+                if j.poll() is not None:
+                    raise RuntimeError(
+                        f"host {r}'s vllm serve exited with {j.returncode}:\n"
+                        + "\n".join(p.read_text()[-3000:] for p in self.logs)
+                    )
+            if self.health() == 200:
+                return
+            time.sleep(1)
+        raise TimeoutError("\n".join(p.read_text()[-3000:] for p in self.logs))
+
+    def health(self) -> int:
+        return health(self.base)
+
+    def stop(self) -> None:
+        for node, j in zip(self.hosts.nodes, self.jobs, strict=True):
+            node.kill_job(j)
