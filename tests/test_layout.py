@@ -1,42 +1,99 @@
-"""The package layout: public paths that users type keep working, the plugin
-never imports the tools or fixtures, and the protocol never imports vLLM."""
+"""The package layout (docs/design.md, "Layout"):
+
+- the plugin (``src/vllm_ppspec``) never imports the tools or fixtures
+  (``src/vllm_ppspec_tools``), neither at import time nor anywhere in its source;
+- the tools and ``scripts/`` never import ``tests/`` (shared harness code lives
+  in ``vllm_ppspec_tools``);
+- the protocol imports no vLLM;
+- no module in ``src/`` is over 400 lines;
+- the plugin's folders import each other without a loop (module level: each
+  folder one node, each module of the package root one node of its own);
+- the tools are console scripts (``vllm-ppspec-<tool>``), each also
+  ``python -m vllm_ppspec_tools.<tool>``, and the plugin carries no shims for them;
+- the public names users type keep their paths.
+
+The import checks read the source (``ast``): every ``import`` counts, also those
+inside functions.
+"""
 
 from __future__ import annotations
 
+import ast
+import re
 import subprocess
 import sys
+import tomllib
+from pathlib import Path
 
 import pytest
 
-RUNTIME = [
-    "vllm_ppspec.plugin",
-    "vllm_ppspec.worker",
-    "vllm_ppspec.scheduler",
-    "vllm_ppspec.patches.config",
-    "vllm_ppspec.patches.cpu_expand",
-    "vllm_ppspec.patches.cpu_eager",
-    "vllm_ppspec.patches.cpu_moe",
-    "vllm_ppspec.patches.remote_reads",
-    "vllm_ppspec.sched.filled",
-    "vllm_ppspec.sched.lanes",
-    "vllm_ppspec.runner.mixin",
-    "vllm_ppspec.runner.startup_check",
-    "vllm_ppspec.runner.cpu",
-    "vllm_ppspec.runner.cpu_worker",
-    "vllm_ppspec.runner.gpu_worker",
-]
-PROTOCOL = [
-    "vllm_ppspec.protocol.rounds",
-    "vllm_ppspec.protocol.lane_book",
-    "vllm_ppspec.protocol.accepted_counts",
-    "vllm_ppspec.protocol.accounting",
-    "vllm_ppspec.protocol.dp_agreement",
-    "vllm_ppspec.protocol.faults",
-]
-TOOLS = ["demo", "bench", "soak", "transport_bench", "async_cpu_bench"]
+REPO = Path(__file__).resolve().parent.parent
+SRC = REPO / "src"
+PLUGIN = SRC / "vllm_ppspec"
+TOOLS_PKG = SRC / "vllm_ppspec_tools"
+MAX_LINES = 400
+# The tools with a main(), and their console scripts.
+TOOLS = {
+    "demo": "vllm-ppspec-demo",
+    "bench": "vllm-ppspec-bench",
+    "soak": "vllm-ppspec-soak",
+    "transport_bench": "vllm-ppspec-transport-bench",
+    "async_cpu_bench": "vllm-ppspec-async-cpu-bench",
+    "drift": "vllm-ppspec-drift",
+}
 
 
-def _imports(modules: list[str]) -> set[str]:
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(SRC).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules(root: Path) -> dict[str, Path]:
+    """Every module under ``root`` (a package in ``src/``), by dotted name."""
+    return {_module_name(p): p for p in sorted(root.rglob("*.py"))}
+
+
+def _imports(path: Path, package: str | None = None) -> set[str]:
+    """The dotted names ``path`` imports: ``import a.b`` gives a.b; ``from a.b
+    import c`` gives a.b and a.b.c (c may be a module); relative imports resolved
+    against ``package``."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                assert package is not None, f"{path}: a relative import outside a package"
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            found.add(module)
+            found.update(f"{module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def _package_of(path: Path) -> str:
+    name = _module_name(path)
+    return name if path.name == "__init__.py" else name.rpartition(".")[0]
+
+
+def _imports_of(path: Path) -> set[str]:
+    return _imports(path, _package_of(path) if path.is_relative_to(SRC) else None)
+
+
+def _under(name: str, top: str) -> bool:
+    return name == top or name.startswith(top + ".")
+
+
+# ---------------------------------------------------------------------------
+# Who imports whom.
+# ---------------------------------------------------------------------------
+
+
+def _import_at_runtime(modules: list[str]) -> set[str]:
     code = (
         "import importlib, sys\n"
         f"for m in {modules!r}: importlib.import_module(m)\n"
@@ -48,14 +105,188 @@ def _imports(modules: list[str]) -> set[str]:
 
 
 def test_the_plugin_never_imports_the_tools_or_fixtures():
-    loaded = _imports(RUNTIME)
-    assert "vllm_ppspec.runner.mixin" in loaded
-    assert not [m for m in loaded if m.startswith("vllm_ppspec_tools")]
+    """Every module of the plugin imported, in a fresh interpreter: no tool came with them."""
+    modules = sorted(_modules(PLUGIN))
+    loaded = _import_at_runtime(modules)
+    assert set(modules) <= loaded
+    assert not [m for m in loaded if _under(m, "vllm_ppspec_tools")]
+
+
+def test_no_plugin_module_imports_the_tools_in_its_source():
+    found = {
+        name: sorted(m for m in _imports_of(path) if _under(m, "vllm_ppspec_tools"))
+        for name, path in _modules(PLUGIN).items()
+    }
+    assert not {name: m for name, m in found.items() if m}
+
+
+def _script_files() -> list[Path]:
+    return sorted((REPO / "scripts").glob("*.py"))
+
+
+# A module run by name, e.g. [sys.executable, "-m", "tests.node_init"].
+TESTS_BY_NAME = re.compile(r"^tests(\.\w+)+$")
+
+
+def _tests_used(path: Path) -> list[str]:
+    used = sorted(m for m in _imports_of(path) if _under(m, "tests"))
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if TESTS_BY_NAME.match(node.value):
+                used.append(f"{node.value!r} (run by name)")
+    return used
+
+
+def test_no_tool_or_script_imports_the_tests():
+    """The tools and scripts/ stand without tests/: what they share with the tests
+    lives in vllm_ppspec_tools (fixtures/, hosts/)."""
+    files = [*_modules(TOOLS_PKG).values(), *_script_files()]
+    assert len(files) > 10
+    found = {str(p.relative_to(REPO)): _tests_used(p) for p in files}
+    assert not {p: used for p, used in found.items() if used}
+    for sh in sorted((REPO / "scripts").glob("*.sh")):
+        assert not re.search(r"-m\s+tests\.", sh.read_text()), sh
 
 
 def test_the_protocol_imports_no_vllm():
-    loaded = _imports(PROTOCOL)
-    assert not [m for m in loaded if m == "vllm" or m.startswith("vllm.")]
+    modules = sorted(m for m in _modules(PLUGIN) if _under(m, "vllm_ppspec.protocol"))
+    assert len(modules) > 1
+    loaded = _import_at_runtime(modules)
+    assert not [m for m in loaded if _under(m, "vllm")]
+    for name in modules:
+        path = _modules(PLUGIN)[name]
+        assert not [m for m in _imports_of(path) if _under(m, "vllm")], name
+
+
+# ---------------------------------------------------------------------------
+# Size and shape.
+# ---------------------------------------------------------------------------
+
+
+def test_no_module_in_src_is_over_400_lines():
+    sizes = {str(p.relative_to(REPO)): len(p.read_text().splitlines()) for p in SRC.rglob("*.py")}
+    assert len(sizes) > 20
+    assert not {p: n for p, n in sizes.items() if n > MAX_LINES}
+
+
+def _node_of(module: str) -> str | None:
+    """The graph node of a plugin module: its folder (``runner/``) below the
+    package root, or the module itself (``plugin.py``) in the root; None outside
+    the plugin or for a name that is not a module (``from a import name``)."""
+    parts = module.split(".")
+    if parts[0] != "vllm_ppspec":
+        return None
+    if len(parts) == 1:
+        return "__init__.py"
+    if (PLUGIN / parts[1]).is_dir():
+        return parts[1] + "/"
+    if (PLUGIN / f"{parts[1]}.py").is_file():
+        return parts[1] + ".py"
+    return None
+
+
+def folder_graph() -> dict[str, dict[str, list[str]]]:
+    """node -> node it imports -> the imports that make the arrow
+    ("runner/cpu_worker.py: vllm_ppspec.patches.cpu_moe")."""
+    graph: dict[str, dict[str, list[str]]] = {}
+    for name, path in _modules(PLUGIN).items():
+        source = _node_of(name)
+        assert source is not None, name
+        graph.setdefault(source, {})
+        for imported in sorted(_imports_of(path)):
+            target = _node_of(imported)
+            if target is not None and target != source:
+                why = f"{path.relative_to(PLUGIN)}: {imported}"
+                graph[source].setdefault(target, []).append(why)
+    return graph
+
+
+def cycles(graph: dict[str, dict[str, list[str]]]) -> list[list[str]]:
+    """The strongly connected components of more than one node (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, {}):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_cycle_finder_finds_a_loop():
+    graph = {"a/": {"b/": []}, "b/": {"c.py": []}, "c.py": {"a/": []}, "d/": {"a/": []}}
+    assert cycles(graph) == [["a/", "b/", "c.py"]]
+    assert cycles({"a/": {"b/": []}, "b/": {}}) == []
+
+
+def test_the_plugin_folders_have_no_import_loop():
+    """Folder A -> folder B when a module in A imports one in B (each module of
+    the package root a node of its own). A loop means some arrow points up: the
+    message names every arrow inside each loop and the imports that make it."""
+    graph = folder_graph()
+    assert {"patches/", "protocol/", "runner/", "sched/"} <= set(graph)
+    found = cycles(graph)
+    report = []
+    for component in found:
+        for a in component:
+            for b, why in graph[a].items():
+                if b in component:
+                    report.append(f"{a} -> {b}: " + "; ".join(why))
+    assert not found, "import loops between the plugin's folders:\n" + "\n".join(report)
+
+
+# ---------------------------------------------------------------------------
+# The tools as commands, and the public names.
+# ---------------------------------------------------------------------------
+
+
+def test_the_tools_are_console_scripts():
+    """pyproject's [project.scripts]: vllm-ppspec-<tool> -> vllm_ppspec_tools.<tool>:main."""
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts == {cmd: f"vllm_ppspec_tools.{tool}:main" for tool, cmd in TOOLS.items()}
+    for tool in TOOLS:
+        tree = ast.parse((TOOLS_PKG / f"{tool}.py").read_text())
+        assert any(isinstance(n, ast.FunctionDef) and n.name == "main" for n in tree.body), tool
+
+
+def test_the_plugin_carries_no_tool_shims():
+    assert not [t for t in TOOLS if (PLUGIN / f"{t}.py").exists()]
+
+
+@pytest.mark.parametrize("tool", list(TOOLS))
+def test_python_m_tool_commands_keep_working(tool):
+    """``python -m vllm_ppspec_tools.<tool>`` runs the tool (its --help here);
+    the console script calls the same main()."""
+    out = subprocess.run(
+        [sys.executable, "-m", f"vllm_ppspec_tools.{tool}", "--help"],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "usage:" in out.stdout
 
 
 def test_public_names_keep_their_paths():
@@ -67,13 +298,3 @@ def test_public_names_keep_their_paths():
     from vllm_ppspec.worker import PPSpecWorker
 
     assert WORKER_QUALNAME == "vllm_ppspec.worker.PPSpecWorker" and PPSpecWorker
-
-
-@pytest.mark.parametrize("tool", TOOLS)
-def test_python_m_tool_commands_keep_working(tool):
-    """``python -m vllm_ppspec.<tool>`` runs the tool (its --help here)."""
-    out = subprocess.run(
-        [sys.executable, "-m", f"vllm_ppspec.{tool}", "--help"], capture_output=True, text=True
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "usage:" in out.stdout
