@@ -5,11 +5,17 @@ The budget: ``--e2e-budget SECONDS`` (scripts/test.sh passes it, so the README's
 test command and CI enforce it) fails the run when the e2e tests together take
 longer, so the next change sees the suite outgrow CI's limit before CI does.
 Without the option the e2e time is only reported. See docs/testing.md.
+
+The vLLM release: ``--expect-vllm VERSION`` (scripts/test.sh passes 0.33.0 to
+the run of tests/on_vllm_0.33.txt on .venv-0.33) stops the run at its start
+unless the installed vLLM is that release. Every run says at its end which vLLM
+it ran on, and so whether the 0.33 cases ran.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -38,13 +44,46 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         help="fail the run if the e2e tests take longer than this many seconds in all",
     )
+    parser.addoption(
+        "--expect-vllm",
+        default=None,
+        metavar="VERSION",
+        help="stop the run at its start unless the installed vLLM is this release",
+    )
 
 
 _E2E = {"seconds": 0.0, "tests": 0, "started": 0.0}
 
 
+def vllm_release(import_vllm: bool = True) -> str:
+    """The release of the installed vLLM distribution (local labels such as +cpu
+    dropped) and of the vLLM this interpreter imports; "a != b" if they differ.
+    ``import_vllm=False``: the imported one only if vLLM is imported already."""
+    import importlib.metadata
+
+    from vllm_ppspec.version_guard import base_version, installed_vllm_version
+
+    installed = base_version(importlib.metadata.version("vllm"))
+    if not import_vllm and "vllm" not in sys.modules:
+        return installed
+    imported = installed_vllm_version()
+    return installed if imported == installed else f"{imported} != {installed}"
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     _E2E["started"] = time.monotonic()
+    expected = session.config.getoption("--expect-vllm")
+    if expected is None:
+        return
+    # The installed distribution first (no import), then the vLLM imported.
+    for import_vllm in (False, True):
+        release = vllm_release(import_vllm)
+        if release != expected:
+            pytest.exit(
+                f"--expect-vllm={expected}: this interpreter ({sys.executable}) runs vLLM "
+                f"{release}; run the 0.33 cases with .venv-0.33 (scripts/test.sh)",
+                returncode=pytest.ExitCode.USAGE_ERROR,
+            )
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -72,6 +111,18 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     if _over_budget(config) is not None:
         line += " -- OVER BUDGET: share engine start-ups (docs/testing.md) before adding more"
     terminalreporter.write_sep("=", line, bold=True, red=_over_budget(config) is not None)
+    terminalreporter.write_line(_vllm_line())
+
+
+def _vllm_line() -> str:
+    """Which vLLM this run was on: whether the 0.33 cases ran."""
+    release = vllm_release(import_vllm=False)
+    if release == "0.33.0":
+        return "VLLM 0.33.0: this run was on vLLM 0.33.0 (the 0.33 cases ran here)"
+    return (
+        f"VLLM {release}: the 0.33 cases did not run here; scripts/test.sh runs "
+        "tests/on_vllm_0.33.txt on .venv-0.33"
+    )
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# One time budget for the whole run (docs/testing.md, "The budget"). Sourced
+# by scripts/test.sh and .ci/run:
+#
+#   budget_begin                 start the record (only if no caller started one)
+#   budget_run PART CMD...       run CMD, add "PART seconds exit-code" to the record
+#   budget_report                print the table; non-zero when the whole run is
+#                                over BUDGET_TOTAL
+#
+# The record is the file $PPSPEC_BUDGET_FILE; its first line is "start EPOCH".
+# A part run twice counts twice. The parts' budgets add up to BUDGET_TOTAL;
+# a part over its own budget is marked in the table, the run fails on the total.
+
+BUDGET_TOTAL=2400
+BUDGET_PARTS=(setup unit e2e vllm-0.33 drift wheel)
+declare -A BUDGET_SECONDS=(
+  [setup]=330     # scripts/setup.sh + scripts/setup_overlay.sh, downloads alongside
+  [unit]=210      # pytest -m "not e2e" on vLLM 0.32.0
+  [e2e]=1410      # pytest -m e2e on vLLM 0.32.0 (its --e2e-budget too)
+  [vllm-0.33]=350 # tests/on_vllm_0.33.txt on the overlay (its --e2e-budget too)
+  [drift]=60      # vllm_ppspec_tools.drift for each supported release
+  [wheel]=40      # scripts/check_wheel.sh
+)
+
+budget_begin() {
+  BUDGET_OWNER=0
+  if [ -z "${PPSPEC_BUDGET_FILE:-}" ]; then
+    PPSPEC_BUDGET_FILE=$(mktemp "${TMPDIR:-/tmp}/ppspec-budget.XXXXXX")
+    export PPSPEC_BUDGET_FILE
+    echo "start $(date +%s)" > "$PPSPEC_BUDGET_FILE"
+    BUDGET_OWNER=1
+  fi
+}
+
+budget_run() {
+  local part=$1 t0 status=0
+  shift
+  t0=$(date +%s)
+  "$@" || status=$?
+  echo "$part $(($(date +%s) - t0)) $status" >> "$PPSPEC_BUDGET_FILE"
+  return "$status"
+}
+
+budget_report() {
+  local start now whole part seconds budget sum=0 mark
+  start=$(awk '$1 == "start" { print $2 }' "$PPSPEC_BUDGET_FILE")
+  now=$(date +%s)
+  whole=$((now - start))
+  echo "== BUDGET (docs/testing.md, \"The budget\")"
+  printf '%-12s %8s %8s\n' part seconds budget
+  for part in "${BUDGET_PARTS[@]}"; do
+    seconds=$(awk -v p="$part" '$1 == p { s += $2; n++ } END { print n ? s : "-" }' \
+      "$PPSPEC_BUDGET_FILE")
+    budget=${BUDGET_SECONDS[$part]}
+    mark=""
+    if [ "$seconds" != "-" ]; then
+      sum=$((sum + seconds))
+      [ "$seconds" -gt "$budget" ] && mark="  over its budget"
+    fi
+    printf '%-12s %8s %8s%s\n' "$part" "$seconds" "$budget" "$mark"
+  done
+  printf '%-12s %8s\n' "(parts)" "$sum"
+  if [ "$whole" -gt "$BUDGET_TOTAL" ]; then
+    printf '%-12s %8s %8s  OVER: the whole run must stay within %s s\n' \
+      "whole run" "$whole" "$BUDGET_TOTAL" "$BUDGET_TOTAL"
+    return 1
+  fi
+  printf '%-12s %8s %8s\n' "whole run" "$whole" "$BUDGET_TOTAL"
+}
