@@ -1,7 +1,7 @@
 """PP=2 across two hosts over a slow link: speculation against none.
 
     .venv/bin/python scripts/bench_two_hosts.py [--delays 0,1,5]
-        [--modes nospec,sync,async,async-noprepost,ngram] [--drafter draft_copy]
+        [--modes nospec,sync,async,ngram] [--drafter draft_copy]
         [--tokens 128] [--repeats 2] [--out results/two_hosts.json]
 
 Two hosts of network + pid namespaces (vllm_ppspec_tools.hosts.two_hosts)
@@ -13,9 +13,9 @@ greedy tok/s with 1 request in flight (``--tokens`` each, 3 requests one
 after the other) and with 16 (one wave of 16 at once); repeats are
 interleaved over the in-flight counts; min and median are reported. Modes:
 ``nospec`` (PP=2, no speculative config), ``sync`` / ``async`` (the tiny
-drafter, k=3, with sync / async scheduling), ``async-noprepost`` (async with
-``VLLM_PPSPEC_ROUND_PREPOST=0``: receivers post their side of each round only
-when it is due, as before), ``ngram`` (the planted target with ngram, sync).
+drafter, k=3, with sync / async scheduling), ``ngram`` (the planted target
+with ngram, sync). (Receivers posting their side of a round only when due,
+measured before pre-posting became the only behaviour: docs/measurements.md.)
 The servers run with ``VLLM_SERVER_DEV_MODE=1`` so that the bench reads each
 rank's runner clocks (``/collective_rpc ppspec_clocks``) on PP rank 0: its
 wait for rounds per step, and the part of it after the last rank had sent the
@@ -81,7 +81,7 @@ def tok_s(base: str, in_flight: int, tokens: int) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--delays", default="0,1,5")
-    ap.add_argument("--modes", default="nospec,sync,async,async-noprepost,ngram")
+    ap.add_argument("--modes", default="nospec,sync,async,ngram")
     ap.add_argument("--drafter", default="draft_copy")
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=2)
@@ -96,9 +96,6 @@ def main() -> int:
             for mode in args.modes.split(","):
                 drafter = {"nospec": None, "ngram": "ngram"}.get(mode, args.drafter)
                 extra = ["--async-scheduling"] if mode.startswith("async") else []
-                # async-noprepost: receivers post their side of a round only when
-                # it is due (VLLM_PPSPEC_ROUND_PREPOST=0), as before pre-posting.
-                switch = {"VLLM_PPSPEC_ROUND_PREPOST": "0"} if mode == "async-noprepost" else {}
                 with tempfile.TemporaryDirectory() as logs:
                     pipe = Pipeline(
                         hosts,
@@ -107,7 +104,7 @@ def main() -> int:
                         Path(logs),
                         *extra,
                         eager=False,
-                        common={"VLLM_SERVER_DEV_MODE": "1", **switch},
+                        common={"VLLM_SERVER_DEV_MODE": "1"},
                     )
                     try:
                         pipe.wait_ready(timeout=600)

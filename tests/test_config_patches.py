@@ -191,7 +191,7 @@ def test_unsupported_method_under_pp_is_refused_with_the_supported_list(target):
 def test_workers_refuse_to_run_without_the_plugin_patches(monkeypatch):
     from vllm.config.vllm import VllmConfig
 
-    from vllm_ppspec.patches.config import require_installed
+    from vllm_ppspec.plugin import require_installed
 
     require_installed()  # register() above installed them
     monkeypatch.delattr(VllmConfig, "_vllm_ppspec_patched")
@@ -204,7 +204,7 @@ def _ngram():
 
 
 def test_sync_pp_spec_fills_the_pipeline_with_the_plugin_scheduler(target, monkeypatch):
-    from vllm_ppspec.patches.config import ONE_BATCH_ENV, SCHEDULER_QUALNAME
+    from vllm_ppspec.policy import ONE_BATCH_ENV, SCHEDULER_QUALNAME
 
     for pp in (2, 3):
         cfg = _config(
@@ -257,24 +257,6 @@ def test_async_pp_spec_runs_lanes_at_dp_2_too(target, models):
     assert cfg.parallel_config.data_parallel_size == 2
     assert cfg.max_concurrent_batches == 3
     assert cfg.scheduler_config.get_scheduler_cls() is PPSpecLaneScheduler
-
-
-def test_async_lanes_switched_off_keep_two_batches_and_warn(target, models, monkeypatch):
-    from vllm_ppspec.patches import config as config_patches
-
-    said: list[str] = []
-    monkeypatch.setattr(config_patches, "_log_once", lambda level, msg: said.append(msg))
-    common = dict(
-        pipeline_parallel_size=2, worker_cls=WORKER_QUALNAME, speculative_config=_draft_copy(models)
-    )
-    _config(target, **common, async_scheduling=True)
-    _config(target, **common, async_scheduling=False)
-    assert config_patches.ASYNC_NOTICE not in said
-    monkeypatch.setenv(config_patches.LANES_ENV, "0")
-    cfg = _config(target, **common, async_scheduling=True)
-    assert cfg.max_concurrent_batches == 2
-    assert cfg.scheduler_config.scheduler_cls is None
-    assert config_patches.ASYNC_NOTICE in said
 
 
 def test_another_scheduler_class_is_refused_under_async_pp_spec(target, models):

@@ -45,14 +45,9 @@ CASES = [
     for method in ("ngram", "draft_copy", "draft_random", "eagle3", "eagle3_aux", "eagle", "mtp")
     for mode in ("sync", "async")
     if not (method == "ngram" and mode == "async")
-] + [
-    # Async scheduling with lanes off (VLLM_PPSPEC_ASYNC_LANES=0): two batches
-    # in flight, each round sent in sample_tokens (runner/two_batch.py).
-    ("draft_copy", "async-two-batch"),
-    ("eagle3", "async-two-batch"),
 ]
-# The mode each case's runner logs (runner/mode.py).
-MODE_LOGGED = {"sync": "sync", "async": "async with lanes", "async-two-batch": "async"}
+# The mode each case's runner logs (vllm_ppspec.policy.Mode).
+MODE_LOGGED = {"sync": "sync", "async": "async with lanes"}
 
 
 def _check_drafter_embedding_is_its_own(res, checkpoint: str) -> None:
@@ -121,8 +116,7 @@ def pp2_run(models):
                     async_scheduling=mode.startswith("async"),
                     probe_drafter_embedding=method.startswith("draft_"),
                     probe_drafter_layers=method.startswith("eagle"),
-                    then=THEN.get(method, []) if mode != "async-two-batch" else [],
-                    env={"VLLM_PPSPEC_ASYNC_LANES": "0"} if mode == "async-two-batch" else {},
+                    then=THEN.get(method, []),
                 )
             )
         return cache[method, mode]
@@ -155,8 +149,7 @@ def test_pp2_spec_matches_pp1_without_spec(
         want = pp1_spec_metrics(method)
         if mode == "async":
             _allow_padded_first_steps(got, want)
-        if mode != "async-two-batch":  # its batches are composed differently again
-            assert got == want, (got, want)
+        assert got == want, (got, want)
 
 
 def _allow_padded_first_steps(got: dict, want: dict) -> None:

@@ -39,7 +39,7 @@ def test_a_failing_install_is_logged_and_the_plugin_worker_then_refuses_naming_i
     assert len(logged) == 1 and failure in logged[0] and "\n" not in logged[0], logged
     assert logged[0].startswith("vllm-ppspec: installing the plugin's patches failed"), logged
     with pytest.raises(RuntimeError) as e:
-        config_patches.require_installed()  # what the plugin's workers call first
+        plugin.require_installed()  # what the plugin's workers call first
     assert failure in str(e.value) and "vllm_ppspec.worker.PPSpecWorker" in str(e.value)
 
 
@@ -51,7 +51,7 @@ def test_a_supported_release_with_a_local_label_installs_without_a_warning(monke
     plugin.register()
     assert _ppspec_lines(caplog) == []
     assert plugin.install_failure() is None
-    config_patches.require_installed()
+    plugin.require_installed()
 
 
 # A vendor build whose CpuPlatform lacks its own check_and_update_config: the
@@ -79,11 +79,12 @@ load_general_plugins()
 changed = [k for k, v in now().items() if v is not before[k]]
 assert changed == [], changed
 from vllm.config import VllmConfig
+from vllm_ppspec import plugin
 from vllm_ppspec.patches import config as config_patches
-assert not getattr(VllmConfig, config_patches._PATCHED_FLAG, False)
+assert not getattr(VllmConfig, config_patches.PATCHED_FLAG, False)
 VllmConfig()  # vLLM builds its config as without the plugin
 try:
-    config_patches.require_installed()
+    plugin.require_installed()
 except RuntimeError as e:
     print("WORKER REFUSES:", e)
 print("VLLM STILL RUNS")

@@ -27,19 +27,9 @@ def _stub_runner(rank: int, world: int, spec: bool, num_reqs: int):
     runner._ppspec_is_last = rank == world - 1
     runner.num_spec_tokens = K if spec else 0
     if spec:
-        from vllm.distributed.parallel_state import get_pp_group
+        from vllm_ppspec.runner.sync_steps import SyncSteps
 
-        from vllm_ppspec.protocol.faults import Faults
-        from vllm_ppspec.protocol.rounds import RoundChannel
-        from vllm_ppspec.runner.mode import Mode
-        from vllm_ppspec.runner.two_batch import TwoBatchSteps
-
-        pp = get_pp_group()
-        channel = RoundChannel(pp.cpu_group, pp.last_rank, CAPACITY, K)
-        runner._ppspec_mode = Mode.TWO_BATCH
-        runner._ppspec_two_batch = TwoBatchSteps(
-            channel, pp.is_last_rank, rank, Faults(), runner.ppspec_clocks
-        )
+        runner._ppspec_steps = SyncSteps(rank == world - 1, hybrid=False)
     runner.device = torch.device("cpu")
     runner.use_async_scheduling = True
     runner.broadcast_pp_output = False
@@ -60,34 +50,19 @@ def _stub_runner(rank: int, world: int, spec: bool, num_reqs: int):
     return runner
 
 
-def _missing_stash(rank: int, world: int):
-    from vllm.distributed.parallel_state import get_pp_group
-
+def test_missing_stash_raises_on_a_non_last_rank():
+    """Lanes: a non-last rank's sample_tokens needs the rows its execute_model
+    recorded; without them it raises naming the rank, before posting its receive."""
+    from vllm_ppspec.protocol.faults import Faults
+    from vllm_ppspec.runner.clocks import Clocks
+    from vllm_ppspec.runner.lane_steps import LaneSteps
     from vllm_ppspec.runner.rank_errors import MissingStashError
+    from vllm_ppspec.runner.sync_steps import SyncSteps
 
-    pp = get_pp_group()
-    runner = _stub_runner(rank, world, spec=True, num_reqs=2)
-    if pp.is_last_rank:
-        sampled = torch.tensor([[4, 5, -1, -1], [6, -1, -1, -1]], dtype=torch.int32)
-        runner._ppspec_two_batch.channel.send(2, sampled, torch.zeros(2, K))
-        outcome = "sent"
-    else:
-        try:
-            runner.sample_tokens(None)  # execute_model never stashed a scheduler_output
-            outcome = "returned"
-        except MissingStashError as e:
-            outcome = f"raised: {e}"
-    # Both broadcasts were consumed: the next collective on the group completes.
-    torch.distributed.barrier(group=pp.cpu_group)
-    return outcome
-
-
-def test_missing_stash_raises_after_the_round_was_consumed():
-    results = run_ranks(_missing_stash, vllm_groups=True, timeout=90)
-    for r in results:
-        assert r.error is None and not r.hung, r.message
-    assert results[1].value == "sent"
-    assert results[0].value.startswith("raised: PP rank 0: sample_tokens was called without")
+    channel = SimpleNamespace(expect=lambda n: pytest.fail("posted a receive"))
+    steps = LaneSteps(channel, 2, 0, False, Faults(), Clocks(), SyncSteps(False, False))
+    with pytest.raises(MissingStashError, match="PP rank 0: sample_tokens was called without"):
+        steps.sample(None, 1, lambda: "vllm's output")  # type: ignore[arg-type]
 
 
 def _plain_path(rank: int, world: int):
@@ -142,54 +117,9 @@ def test_spec_round_does_not_use_vllms_device_group_broadcast():
         assert r.value == "ok"
 
 
-def _apply_async_round(rank: int, world: int):
-    from vllm.distributed.parallel_state import get_pp_group
-
-    pp = get_pp_group()
-    runner = _stub_runner(rank, world, spec=True, num_reqs=3)
-    if pp.is_last_rank:
-        sampled = torch.tensor([[4, 5, 6, 7], [8, -1, -1, -1], [9, 9, -1, -1]], dtype=torch.int32)
-        drafts = torch.tensor([[1, 2, 3], [4, 5, 6], [7, 8, 9]])
-        runner._ppspec_two_batch.channel.send(3, sampled, drafts)
-        return None
-    # Request r1 is a partial prefill: its sample is discarded.
-    runner.discard_request_mask = SimpleNamespace(
-        np=np.array([False, True, False]), gpu=torch.tensor([False, True, False])
-    )
-    runner.model_config = SimpleNamespace(is_hybrid=False)
-    runner.input_batch.vocab_size = 512
-    runner._ppspec_two_batch.stash = object()
-    captured = {}
-
-    def copy_counts(next_ids, counts):
-        captured["next"] = next_ids.tolist()
-        captured["counts"] = counts.tolist()
-
-    runner._copy_valid_sampled_token_count = copy_counts
-    runner.sample_tokens(None)
-    return (
-        captured,
-        runner._draft_token_ids.tolist(),
-        runner.input_batch.num_tokens_no_spec.tolist(),
-        sorted(runner.input_batch.prev_req_id_to_index),
-        [runner.requests[r].output_token_ids for r in ("r0", "r1", "r2")],
-    )
-
-
-def test_async_round_is_applied_on_the_non_last_rank():
-    results = run_ranks(_apply_async_round, vllm_groups=True, timeout=90)
-    for r in results:
-        assert r.error is None and not r.hung, r.message
-    captured, drafts, num_tokens, index, outputs = results[0].value
-    assert captured == {"next": [7, 0, 9], "counts": [4, 0, 2]}
-    assert drafts == [[1, 2, 3], [4, 5, 6], [7, 8, 9]]
-    assert num_tokens == [5, 4, 5]
-    assert index == ["r0", "r2"]
-    assert outputs == [[-1], [], [-1]]
-
-
 def _sync_runner(is_last: bool):
     from vllm_ppspec.runner.sync_steps import SyncSteps
+    from vllm_ppspec.runner.view import RunnerView
 
     runner = SimpleNamespace(num_accepted_tokens_event=None)
     runner.requests = {
@@ -199,7 +129,7 @@ def _sync_runner(is_last: bool):
     runner.input_batch = SimpleNamespace(
         req_id_to_index={}, num_accepted_tokens_cpu=np.ones(8, dtype=np.int32)
     )
-    return runner, SyncSteps(is_last, hybrid=True)
+    return RunnerView(runner), SyncSteps(is_last, hybrid=True)
 
 
 def _sched(cached, computed, scheduled, drafts, resumed=(), finished=(), all_tokens=None):
@@ -245,76 +175,51 @@ def test_rejoining_request_gets_its_full_token_list_on_a_non_last_rank():
     # vLLM's own update left "a" with only the last sampled token of each round.
     runner.requests["a"].output_token_ids = [100, 104]
     all_tokens = {"a": list(range(8)) + [100, 101, 102, 103, 104, 105]}
-    sync.before_update_states(
-        runner.requests, _sched("ab", [13, 10], {"a": 4, "b": 1}, {}, all_tokens=all_tokens)
-    )
+    sync.before_update(runner, _sched("ab", [13, 10], {"a": 4, "b": 1}, {}, all_tokens=all_tokens))
     # Up to the computed tokens; vLLM then appends the newest one (105).
     assert runner.requests["a"].output_token_ids == [100, 101, 102, 103, 104]
     assert runner.requests["b"].output_token_ids == []  # stayed in the batch: untouched
 
 
 class _UpstreamRunner:
-    """Stands in for GPUModelRunner's execute_model/_update_states on a non-last rank.
-
-    Like vLLM 0.32: ``_update_states`` returns the deferred count correction;
-    ``execute_model`` runs it before the forward in the mamba "align" mode and
-    otherwise never on a non-last rank (it returns the intermediate tensors
-    before the after-forward call).
-    """
-
-    align = False
-
-    def __init__(self) -> None:
-        self.corrections = 0
-
-    def _update_states(self, scheduler_output):
-        def correct_spec_decode_token_counts():
-            self.corrections += 1
-
-        return correct_spec_decode_token_counts
+    """Stands in for GPUModelRunner's execute_model on a non-last rank: it
+    returns the intermediate tensors."""
 
     def execute_model(self, scheduler_output, intermediate_tensors=None):
         from vllm.sequence import IntermediateTensors
 
-        deferred = self._update_states(scheduler_output)
-        if self.align and deferred:
-            deferred()
-            deferred = None
         return IntermediateTensors({})
 
 
-def _deferred_corrections(align: bool, steps: int = 3) -> int:
+def test_every_step_reaches_the_modes_hooks_and_is_counted():
+    """The mixin holds no mode: each step calls the steps object's hooks."""
+    from vllm_ppspec.policy import Mode
     from vllm_ppspec.runner.mixin import PPSpecRunnerMixin
-    from vllm_ppspec.runner.mode import Mode
+    from vllm_ppspec.runner.steps import Steps
+
+    calls: list[str] = []
+
+    class Recording(Steps):
+        mode = Mode.SYNC
+
+        def prepare(self, view, scheduler_output):
+            calls.append("prepare")
+
+        def executed(self, view, scheduler_output):
+            calls.append("executed")
 
     class Runner(PPSpecRunnerMixin, _UpstreamRunner):
         pass
 
     runner = Runner()
-    runner.align = align
     runner.speculative_config = SimpleNamespace(method="draft_model")
-    runner._ppspec_mode = Mode.TWO_BATCH
+    runner._ppspec_steps = Recording()
     runner._ppspec_is_last = False
-    runner.requests = {}
-    runner.input_batch = SimpleNamespace()
-    sched = SimpleNamespace(
-        scheduled_cached_reqs=SimpleNamespace(req_ids=[]), total_num_scheduled_tokens=4
-    )
-    for _ in range(steps):
+    sched = SimpleNamespace(total_num_scheduled_tokens=4)
+    for _ in range(3):
         runner.execute_model(sched, None)
-    assert runner._ppspec_deferred is None
-    assert runner.ppspec_clocks.steps == steps  # the bench's step count (steps with tokens)
-    return runner.corrections
-
-
-def test_deferred_correction_runs_once_per_step_when_vllm_runs_it_first():
-    # mamba "align" mode: vLLM runs it before the forward; the mixin must not again.
-    assert _deferred_corrections(align=True) == 3
-
-
-def test_deferred_correction_runs_once_per_step_when_vllm_skips_it():
-    # Otherwise vLLM returns before its after-forward call; the mixin runs it.
-    assert _deferred_corrections(align=False) == 3
+    assert calls == ["prepare", "executed"] * 3
+    assert runner.ppspec_clocks.steps == 3  # the bench's step count (steps with tokens)
 
 
 def _set_up_runner(monkeypatch, spec: bool):
@@ -329,8 +234,14 @@ def _set_up_runner(monkeypatch, spec: bool):
     monkeypatch.setattr(runner_mod, "peer_watch_host", lambda group: "127.0.0.1")
     agreed: list[dict] = []  # the start-up check's collective (tests/test_startup_check.py)
     monkeypatch.setattr(runner_mod, "agree", lambda group, mine: agreed.append(mine))
-    monkeypatch.setattr(runner_mod, "lane_scheduler_selected", lambda config: False)
+    monkeypatch.setattr(runner_mod, "check_engine_mode", lambda config, mode: None)
     runner = Runner()
+    for name in ("requests", "input_batch", "discard_request_mask", "_draft_token_ids"):
+        setattr(runner, name, None)
+    runner.take_draft_token_ids = lambda: None
+    runner.use_async_spec_decode = False
+    runner.vllm_config = None  # check_engine_mode stands in above
+    runner.max_num_reqs = 8
     runner.speculative_config = (
         SimpleNamespace(method="draft_model", num_speculative_tokens=K) if spec else None
     )
@@ -356,7 +267,7 @@ def test_fault_injection_switch_is_read_once_at_set_up(monkeypatch):
     runner = _set_up_runner(monkeypatch, spec=True)
     monkeypatch.delenv(FAULT_SKIP_STATE_REPLAY)
     assert runner._ppspec_faults.skip_state_replay is True  # a later change of the env is ignored
-    assert runner._ppspec_sync.skip_state_replay is True  # the sync part got it
+    assert runner._ppspec_steps.skip_state_replay is True  # the sync part got it
     monkeypatch.setenv(FAULT_SKIP_STATE_REPLAY, "1")
     assert _set_up_runner(monkeypatch, spec=False)._ppspec_faults.skip_state_replay is False
     monkeypatch.delenv(FAULT_SKIP_STATE_REPLAY)
@@ -377,7 +288,6 @@ def test_overrides_call_straight_through_before_set_up():
         scheduled_cached_reqs=SimpleNamespace(req_ids=[]), total_num_scheduled_tokens=0
     )
     assert isinstance(runner.execute_model(sched, None), IntermediateTensors)
-    assert runner.corrections == 0  # vLLM's own order: not run on a non-last rank
     assert runner.ppspec_clocks.steps == 0  # an empty step is not counted
 
 

@@ -56,13 +56,13 @@ def test_equal_fingerprints_agree_on_every_rank():
 
 
 def test_a_differing_field_is_refused_on_every_rank_naming_it_and_each_value():
-    changes = {1: {"num_speculative_tokens": "4"}, 2: {"$VLLM_PPSPEC_ASYNC_LANES": "0"}}
+    changes = {1: {"num_speculative_tokens": "4"}, 2: {"$VLLM_PPSPEC_ONE_BATCH": "1"}}
     results = run_ranks(_agree(changes), world=3, timeout=60)
     for r in results:
         assert r.error is None and str(r.value).startswith("refused"), (r.rank, r.message)
         msg = str(r.value)
         assert "num_speculative_tokens (rank 0: '3', rank 1: '4', rank 2: '3')" in msg, msg
-        assert "$VLLM_PPSPEC_ASYNC_LANES (rank 0: '<unset>'" in msg, msg
+        assert "$VLLM_PPSPEC_ONE_BATCH (rank 0: '<unset>'" in msg, msg
         assert "vLLM version" not in msg.split("Differs:")[1], msg  # equal fields not named
         assert float(msg.split()[2]) < 3.0, msg  # at once, not after the timeout
 
@@ -120,7 +120,7 @@ def test_the_fingerprint_holds_exactly_what_must_agree(monkeypatch):
     for name in [*AGREED_SWITCHES, *HOST_LOCAL_SWITCHES]:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("VLLM_PPSPEC_STARTUP_TIMEOUT", "5")  # host-local: not in it
-    monkeypatch.setenv("VLLM_PPSPEC_ROUND_PREPOST", "0")  # receiver-side: not in it
+    monkeypatch.setenv("VLLM_PPSPEC_DP_AGREE_TIMEOUT", "9")  # host-local: not in it
     assert protocol.PROTOCOL >= 2  # 1 was the all-reduce round, before the one-way one
     assert fingerprint(_runner(), "async lanes") == {
         "protocol": str(protocol.PROTOCOL),
@@ -133,7 +133,6 @@ def test_the_fingerprint_holds_exactly_what_must_agree(monkeypatch):
         "draft hidden_size": "64",
         "max_num_seqs": "16",
         "$VLLM_PPSPEC_ONE_BATCH": "0",  # unset: its default
-        "$VLLM_PPSPEC_ASYNC_LANES": "1",
     }
 
 
@@ -160,13 +159,11 @@ MUST_AGREE = {
     "draft hidden_size": {"runner": {"hidden_size": 128}},
     "max_num_seqs": {"runner": {"max_num_seqs": 8}},
     "$VLLM_PPSPEC_ONE_BATCH": {"env": {"VLLM_PPSPEC_ONE_BATCH": "1"}},
-    "$VLLM_PPSPEC_ASYNC_LANES": {"env": {"VLLM_PPSPEC_ASYNC_LANES": "0"}},
 }
 HOST_LOCAL = {
     "VLLM_PPSPEC_STARTUP_TIMEOUT": "5",
     "VLLM_PPSPEC_DP_AGREE_TIMEOUT": "7",
     "VLLM_PPSPEC_PEER_KEEPALIVE_S": "20",
-    "VLLM_PPSPEC_ROUND_PREPOST": "0",
     "VLLM_PPSPEC_AUTO": "0",
     "VLLM_PPSPEC_CPU_COMPILED_CORRECTION": "1",
     "VLLM_PPSPEC_FAULT": "raise@3",
@@ -180,7 +177,6 @@ AGREEING = {
     **{f"{name}={d}": {"env": {name: d}} for name, d in AGREED_SWITCHES.items()},
     # A value the plugin reads as the default (it acts only on the other one).
     "VLLM_PPSPEC_ONE_BATCH=yes": {"env": {"VLLM_PPSPEC_ONE_BATCH": "yes"}},
-    "VLLM_PPSPEC_ASYNC_LANES=true": {"env": {"VLLM_PPSPEC_ASYNC_LANES": "true"}},
     # Another build of the plugin that speaks the same protocol.
     "vllm-ppspec version": {"plugin": "0.2.0"},
 }

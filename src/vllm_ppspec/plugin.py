@@ -23,6 +23,34 @@ def install_failure() -> str | None:
     return _failure
 
 
+def require_installed() -> None:
+    """Raise unless this process runs with the patches (called by the workers).
+
+    Without them (the ``ppspec`` plugin filtered out by ``VLLM_PLUGINS``, or
+    its install failed and was undone) the V2 runner could be chosen and the
+    batch queue would be PP-deep, which gives wrong tokens instead of an error.
+    """
+    from vllm.config.vllm import VllmConfig
+
+    from vllm_ppspec import WORKER_QUALNAME
+    from vllm_ppspec.patches.config import PATCHED_FLAG
+
+    failure = install_failure()
+    if failure is not None:
+        raise RuntimeError(
+            f"--worker-cls {WORKER_QUALNAME}: vllm-ppspec's vLLM plugin failed to install "
+            f"its patches in this process ({failure}), so its worker cannot run; leave "
+            "--worker-cls at auto for vLLM's own worker, or use a vLLM build the plugin "
+            "installs on."
+        )
+    if not getattr(VllmConfig, PATCHED_FLAG, False):
+        raise RuntimeError(
+            f"--worker-cls {WORKER_QUALNAME} needs vllm-ppspec's vLLM plugin 'ppspec', "
+            "which was not loaded in this process: include 'ppspec' in VLLM_PLUGINS (or "
+            "unset it) and check that vllm-ppspec is installed in this environment."
+        )
+
+
 def register() -> None:
     """Install the config patches on a supported vLLM; on any other, warn and do nothing.
 
@@ -30,7 +58,7 @@ def register() -> None:
     workers), possibly more than once, whatever the worker: it must never stop
     vLLM itself. Only selecting the plugin's worker refuses an unsupported
     version (``vllm_ppspec.worker`` checks it at import) or a failed install
-    (``patches.config.require_installed``, which names :func:`install_failure`).
+    (:func:`require_installed`, which names :func:`install_failure`).
     A failed install logs one error line and undoes what it had changed.
     Idempotent.
     """

@@ -34,15 +34,6 @@ PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._update_states_after_model_execute"),
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._copy_valid_sampled_token_count"),
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._pp_broadcast_prev_sampled_token_ids"),
-    # Neither overridden nor called: listed because the mixin's
-    # _ppspec_record_placeholders copies its bookkeeping and the non-last branch
-    # of sample_tokens replaces the call to it, so a vLLM that renames or drops
-    # it has changed the path those copies stand in for (its body is pinned
-    # in MIRRORED_FUNCTIONS below).
-    (
-        "vllm.v1.worker.gpu_model_runner",
-        "GPUModelRunner._pp_receive_prev_sampled_token_ids_to_input_batch",
-    ),
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._dummy_run"),
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._build_attention_metadata"),
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.initialize_metadata_builders"),
@@ -157,12 +148,6 @@ MIRRORED_FUNCTIONS: tuple[tuple[str, str, dict[str, str], str], ...] = (
         "vllm.v1.worker.gpu_model_runner",
         "GPUModelRunner._update_states",
         {"0.32.0": "326599f31b273b94", "0.33.0": "326599f31b273b94"},
-        "runner.two_batch:TwoBatchSteps.trim_optimistic_outputs",
-    ),
-    (
-        "vllm.v1.worker.gpu_model_runner",
-        "GPUModelRunner._update_states",
-        {"0.32.0": "326599f31b273b94", "0.33.0": "326599f31b273b94"},
         "runner.sync_steps:SyncSteps.restore_output_tokens",
     ),
     (
@@ -170,18 +155,6 @@ MIRRORED_FUNCTIONS: tuple[tuple[str, str, dict[str, str], str], ...] = (
         "SpecDecodeBaseProposer.prepare_next_token_ids_padded",
         {"0.32.0": "bf1490e5069ca564", "0.33.0": "bf1490e5069ca564"},
         "protocol.accounting:next_tokens_and_counts",
-    ),
-    (
-        "vllm.v1.worker.gpu_model_runner",
-        "GPUModelRunner._pp_receive_prev_sampled_token_ids_to_input_batch",
-        {"0.32.0": "70c587415ba6588c", "0.33.0": "70c587415ba6588c"},
-        "runner.two_batch:TwoBatchSteps.record_placeholders",
-    ),
-    (
-        "vllm.v1.worker.gpu_model_runner",
-        "GPUModelRunner.sample_tokens",
-        {"0.32.0": "047e6a4738dead56", "0.33.0": "047e6a4738dead56"},
-        "runner.two_batch:TwoBatchSteps.sample_other",
     ),
     (
         "vllm.v1.spec_decode.llm_base_proposer",

@@ -19,12 +19,10 @@ itself under PP + spec when left at ``auto``, see ``__post_init__``):
 * ``CpuPlatform.check_and_update_config``: keeps an explicit
   ``--async-scheduling`` (the CPU platform turns it off unconditionally).
 * ``VllmConfig.max_concurrent_batches`` (PP + speculative decoding only):
-  under sync scheduling one batch per PP stage, as vLLM does without
-  speculation (1 with ``VLLM_PPSPEC_ONE_BATCH=1``, kept for comparison);
-  under async scheduling PP + 1, one lane of requests per stage plus the
-  next batch of the lane whose round is on its way (2 with
-  ``VLLM_PPSPEC_ASYNC_LANES=0``, the earlier mode: vLLM's async spec-decode
-  correction then assumes the scheduler lags the worker by exactly one step).
+  what :mod:`vllm_ppspec.policy` decides for the mode: under sync scheduling
+  one batch per PP stage, as vLLM does without speculation (1 with
+  ``VLLM_PPSPEC_ONE_BATCH=1``); under async scheduling PP + 1, one lane of
+  requests per stage plus the next batch of the lane whose round is on its way.
 * ``VllmConfig.__post_init__`` (PP + spec): first, with ``--worker-cls auto``
   (vLLM's default), selects the plugin's worker where vLLM would run its V1
   runner (:func:`select_worker`, :mod:`.worker_choice`; where vLLM picks Model
@@ -33,10 +31,9 @@ itself under PP + spec when left at ``auto``, see ``__post_init__``):
   applies each batch's drafts when that batch's output is processed) and
   :class:`vllm_ppspec.sched.lanes.PPSpecLaneScheduler` under async
   scheduling (requests pinned to lanes); an explicit other ``--scheduler-cls``
-  is refused. Where lanes are off it warns once that the stages take turns
-  (:data:`ASYNC_NOTICE`). On vLLM 0.33, which refuses an explicit
-  ``--async-scheduling`` with PP on the V1 runner inside ``__post_init__``
-  itself, it lifts that refusal for PP + spec only (:func:`hold_async`).
+  is refused. On vLLM 0.33, which refuses an explicit ``--async-scheduling``
+  with PP on the V1 runner inside ``__post_init__`` itself, it lifts that
+  refusal for PP + spec only (:mod:`.async_hold`).
 * ``EngineCore.post_step``: skipped with that scheduler. It would fetch the
   latest drafts with a blocking call that waits for the batch to leave the
   pipeline; the drafts come with the batch's output instead
@@ -46,10 +43,9 @@ itself under PP + spec when left at ``auto``, see ``__post_init__``):
 from __future__ import annotations
 
 import functools
-import os
 from typing import Any
 
-from vllm_ppspec import WORKER_QUALNAME
+from vllm_ppspec import WORKER_QUALNAME, policy
 from vllm_ppspec.patches.async_hold import hold_async, restore_async
 from vllm_ppspec.patches.worker_choice import (
     AUTO_ENV,
@@ -62,19 +58,11 @@ from vllm_ppspec.patches.worker_choice import (
     v2_refusal,
     v2_required,
 )
+from vllm_ppspec.policy import Mode
 
 PP_ASYNC_REFUSAL = "pipeline parallelism with async scheduling"
 
-# Set to 1 to keep one batch in flight under PP + spec with sync scheduling
-# (the plugin's earlier behaviour; the benchmark compares against it).
-ONE_BATCH_ENV = "VLLM_PPSPEC_ONE_BATCH"
-# Set to 0 to keep two batches in flight under PP + spec with async scheduling,
-# the stages taking turns (the plugin's earlier behaviour; for comparison).
-LANES_ENV = "VLLM_PPSPEC_ASYNC_LANES"
-SCHEDULER_QUALNAME = "vllm_ppspec.sched.filled.PPSpecScheduler"
-LANE_SCHEDULER_QUALNAME = "vllm_ppspec.sched.lanes.PPSpecLaneScheduler"
-
-_PATCHED_FLAG = "_vllm_ppspec_patched"
+PATCHED_FLAG = "_vllm_ppspec_patched"
 
 
 def plugin_worker_selected(vllm_config: Any) -> bool:
@@ -195,38 +183,18 @@ def _wrap_max_concurrent_batches(original_prop: property) -> property:
 
 def batches_in_flight(vllm_config: Any) -> int:
     """Batches the engine keeps in flight under PP + spec with the plugin."""
-    if vllm_config.scheduler_config.async_scheduling:
-        if lanes_enabled():
-            return int(vllm_config.parallel_config.pipeline_parallel_size) + 1
-        return 2
-    if os.environ.get(ONE_BATCH_ENV) == "1":
-        return 1
-    return int(vllm_config.parallel_config.pipeline_parallel_size)
+    pp = int(vllm_config.parallel_config.pipeline_parallel_size)
+    return policy.batches_in_flight(_mode(vllm_config), pp)
 
 
-def lanes_enabled() -> bool:
-    """Async scheduling under PP + spec pins requests to lanes, unless
-    ``VLLM_PPSPEC_ASYNC_LANES=0`` (the two-batch mode, for comparison)."""
-    return os.environ.get(LANES_ENV, "1") != "0"
-
-
-def plugin_scheduler(vllm_config: Any) -> str | None:
-    """The plugin scheduler's qualified name for this config, or None for vLLM's own."""
+def _mode(vllm_config: Any) -> Mode:
     if not spec_pp_active(vllm_config):
-        return None
-    if not vllm_config.scheduler_config.async_scheduling:
-        return SCHEDULER_QUALNAME
-    return LANE_SCHEDULER_QUALNAME if lanes_enabled() else None
-
-
-ASYNC_NOTICE = (
-    f"vllm-ppspec: async scheduling with pipeline parallelism and speculative decoding "
-    f"runs without lanes ({LANES_ENV}=0): it keeps 2 batches in "
-    "flight whatever the PP size, and its stages take turns (each step waits for the "
-    "previous step's round from the last stage). For throughput under load drop "
-    "--async-scheduling: sync scheduling keeps one batch per PP stage in flight. "
-    "See docs/design.md, 'Async scheduling: lanes'."
-)
+        return Mode.OFF
+    return policy.mode_of(
+        True,
+        int(vllm_config.parallel_config.pipeline_parallel_size),
+        bool(vllm_config.scheduler_config.async_scheduling),
+    )
 
 
 AUTO_NOTICE = (
@@ -285,22 +253,14 @@ def _wrap_post_init(original: Any) -> Any:
         original(self)
         if held:
             restore_async(self, dp_sync_unset)
-        if spec_pp_active(self) and self.scheduler_config.async_scheduling:
-            if not lanes_enabled():
-                _log_once("warning", ASYNC_NOTICE)
-        qualname = plugin_scheduler(self)
+        qualname = policy.scheduler_of(_mode(self))
         if qualname is None:
             return
         sched = self.scheduler_config
         if sched.scheduler_cls is None or sched.scheduler_cls == qualname:
             sched.scheduler_cls = qualname
             return
-        from vllm_ppspec.sched.filled import PPSpecScheduler
-        from vllm_ppspec.sched.lanes import PPSpecLaneScheduler
-
-        base = PPSpecScheduler if qualname == SCHEDULER_QUALNAME else PPSpecLaneScheduler
-        cls = sched.get_scheduler_cls()
-        if not (isinstance(cls, type) and issubclass(cls, base)):
+        if not policy.scheduler_serves(sched.get_scheduler_cls(), _mode(self)):
             raise ValueError(
                 f"--scheduler-cls {sched.scheduler_cls!r} cannot run pipeline parallelism "
                 f"with speculative decoding under vllm-ppspec: remove --scheduler-cls, or "
@@ -313,9 +273,7 @@ def _wrap_post_init(original: Any) -> Any:
 def _wrap_post_step(original: Any) -> Any:
     @functools.wraps(original)
     def wrapper(self: Any, model_executed: bool) -> None:
-        from vllm_ppspec.sched.filled import PPSpecScheduler
-
-        if isinstance(self.scheduler, PPSpecScheduler):
+        if getattr(self.scheduler, "ppspec_mode", None) is Mode.SYNC:
             return  # drafts come with each batch's output (draft_delivery)
         original(self, model_executed)
 
@@ -335,38 +293,11 @@ def _wrap_cpu_check(original: Any) -> Any:
     return classmethod(wrapper)
 
 
-def require_installed() -> None:
-    """Raise unless this process runs with the patches (called by the workers).
-
-    Without them (the ``ppspec`` plugin filtered out by ``VLLM_PLUGINS``, or
-    its install failed and was undone) the V2 runner could be chosen and the
-    batch queue would be PP-deep, which gives wrong tokens instead of an error.
-    """
-    from vllm.config.vllm import VllmConfig
-
-    from vllm_ppspec.plugin import install_failure
-
-    failure = install_failure()
-    if failure is not None:
-        raise RuntimeError(
-            f"--worker-cls {WORKER_QUALNAME}: vllm-ppspec's vLLM plugin failed to install "
-            f"its patches in this process ({failure}), so its worker cannot run; leave "
-            "--worker-cls at auto for vLLM's own worker, or use a vLLM build the plugin "
-            "installs on."
-        )
-    if not getattr(VllmConfig, _PATCHED_FLAG, False):
-        raise RuntimeError(
-            f"--worker-cls {WORKER_QUALNAME} needs vllm-ppspec's vLLM plugin 'ppspec', "
-            "which was not loaded in this process: include 'ppspec' in VLLM_PLUGINS (or "
-            "unset it) and check that vllm-ppspec is installed in this environment."
-        )
-
-
 def install() -> None:
     """Install the patches once per process (plugins may be loaded repeatedly)."""
     from vllm.config.vllm import VllmConfig
 
-    if getattr(VllmConfig, _PATCHED_FLAG, False):
+    if getattr(VllmConfig, PATCHED_FLAG, False):
         return
     VllmConfig._get_v1_model_runner_unsupported_features = (  # type: ignore[method-assign]
         _wrap_unsupported_features(VllmConfig._get_v1_model_runner_unsupported_features)
@@ -388,4 +319,4 @@ def install() -> None:
     CpuPlatform.check_and_update_config = _wrap_cpu_check(  # type: ignore[method-assign]
         CpuPlatform.__dict__["check_and_update_config"]
     )
-    setattr(VllmConfig, _PATCHED_FLAG, True)
+    setattr(VllmConfig, PATCHED_FLAG, True)

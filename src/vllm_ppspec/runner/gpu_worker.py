@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from vllm.v1.worker.gpu_worker import Worker  # noqa: E402
 
-from vllm_ppspec.patches.config import require_installed
+from vllm_ppspec.plugin import require_installed
 from vllm_ppspec.runner.clocks import WorkerClocks
 from vllm_ppspec.runner.mixin import PPSpecGPUModelRunner  # runs the version guard first
 from vllm_ppspec.runner.rank_errors import RankErrorsEndEngine

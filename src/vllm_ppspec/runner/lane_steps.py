@@ -14,24 +14,29 @@ arrived costs no wait.
 
 Every rank then makes each step sync-shaped
 (:func:`vllm_ppspec.protocol.lane_book.make_sync_shaped`) before vLLM's
-``execute_model`` runs, and vLLM's runner runs its sync path.
+``execute_model`` runs, and vLLM's runner runs its sync path, with sync
+mode's rebuilds (``sync_steps.SyncSteps``).
+
+Hooks (``steps.py``): all of them.
 """
 
 from __future__ import annotations
 
-import os
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from vllm_ppspec.policy import Mode
 from vllm_ppspec.protocol import faults
 from vllm_ppspec.protocol.lane_book import LaneBook, make_sync_shaped
 from vllm_ppspec.protocol.rounds import PostedRound, RoundChannel
+from vllm_ppspec.runner.capture import SampledCapture
 from vllm_ppspec.runner.clocks import Clocks
 from vllm_ppspec.runner.rank_errors import MissingStashError
-
-PREPOST_ENV = "VLLM_PPSPEC_ROUND_PREPOST"
+from vllm_ppspec.runner.steps import Steps
+from vllm_ppspec.runner.sync_steps import SyncSteps
+from vllm_ppspec.runner.view import RunnerView
 
 
 @dataclass
@@ -45,15 +50,9 @@ class LaneRows:
     pending: PostedRound | None = None  # non-last ranks: this rank's side, posted
 
 
-def lane_scheduler_selected(vllm_config: Any) -> bool:
-    """Whether the engine runs the plugin's lane scheduler (async lanes)."""
-    from vllm_ppspec.sched.lanes import PPSpecLaneScheduler
+class LaneSteps(Steps):
+    mode = Mode.LANES
 
-    cls = vllm_config.scheduler_config.get_scheduler_cls()
-    return isinstance(cls, type) and issubclass(cls, PPSpecLaneScheduler)
-
-
-class LaneSteps:
     def __init__(
         self,
         channel: RoundChannel,
@@ -62,8 +61,11 @@ class LaneSteps:
         is_last: bool,
         fault: faults.Faults,
         clocks: Clocks,
+        rebuilds: SyncSteps,
     ) -> None:
         self.channel = channel
+        self.rebuilds = rebuilds  # sync mode's: each step is sync-shaped
+        self.capture = SampledCapture()
         self.pp_size, self.pp_rank, self.is_last = pp_size, pp_rank, is_last
         self.fault = fault
         self.clocks = clocks
@@ -73,11 +75,20 @@ class LaneSteps:
         self.rows: LaneRows | None = None  # this step's rows (non-last: after its forward)
         self.unreceived: deque[LaneRows] = deque()  # non-last ranks
         self.posted: deque[tuple[int, PostedRound]] = deque()  # last rank
-        # VLLM_PPSPEC_ROUND_PREPOST=0: receivers post their side only when the
-        # round is due (the earlier behaviour; for comparison).
-        self.prepost = os.environ.get(PREPOST_ENV, "1") != "0"
 
-    def prepare(self, runner: Any, scheduler_output: Any) -> None:
+    def before_update(self, view: RunnerView, scheduler_output: Any) -> None:
+        self.rebuilds.before_update(view, scheduler_output)
+
+    def after_update(self, view: RunnerView, scheduler_output: Any) -> None:
+        self.rebuilds.after_update(view, scheduler_output)
+
+    def executed(self, view: RunnerView, scheduler_output: Any) -> None:
+        self.rows = self.rows_of(view, scheduler_output)
+
+    def sampled(self, output_token_ids: Any) -> None:
+        self.capture.seen(output_token_ids)
+
+    def prepare(self, view: RunnerView, scheduler_output: Any) -> None:
         """Every rank, before vLLM's execute_model: the step made sync-shaped."""
         step = self.step
         self.step += 1
@@ -85,7 +96,7 @@ class LaneSteps:
         book.forget(scheduler_output.finished_req_ids)
 
         def prompt_len(req_id: str) -> int:
-            return int(runner.requests[req_id].num_prompt_tokens)
+            return int(view.requests[req_id].num_prompt_tokens)
 
         with self.clocks.timing("wait_s"):
             if self.is_last:
@@ -103,23 +114,21 @@ class LaneSteps:
         self.rows = None
         self.scheduler_output = scheduler_output
 
-    def rows_of(self, runner: Any, scheduler_output: Any) -> LaneRows:
+    def rows_of(self, view: RunnerView, scheduler_output: Any) -> LaneRows:
         """This step's rows, as the round's matrices will order them."""
-        num_reqs = runner.input_batch.num_reqs
+        num_reqs = view.num_reqs
         return LaneRows(
             step=self.step - 1,
-            req_ids=list(runner.input_batch.req_ids[:num_reqs]),
-            discard=runner.discard_request_mask.np[:num_reqs].copy(),
+            req_ids=list(view.input_batch.req_ids[:num_reqs]),
+            discard=view.discard_mask[:num_reqs].copy(),
             num_drafts={
                 r: len(t) for r, t in scheduler_output.scheduled_spec_decode_tokens.items()
             },
         )
 
     def _receive(self, rows: LaneRows) -> None:
-        if rows.pending is not None:
-            rnd = rows.pending.wait()
-        else:
-            rnd = self.channel.recv(len(rows.req_ids))
+        assert rows.pending is not None
+        rnd = rows.pending.wait()
         self.clocks.received(rnd)
         if self.fault.reached("raise_in_round", rows.step + 1):
             raise faults.InjectedFault(f"raise_in_round@{rows.step + 1} on a non-last rank")
@@ -127,13 +136,7 @@ class LaneSteps:
             rows.step, rows.req_ids, rnd.sampled, rnd.drafts, rows.discard, rows.num_drafts
         )
 
-    def sample(
-        self,
-        runner: Any,
-        fault_step: int,
-        vllm_sample: Callable[[], Any],
-        vllm_sample_capturing: Callable[[], tuple[Any, Any]],
-    ) -> Any:
+    def sample(self, view: RunnerView, fault_step: int, vllm_sample: Callable[[], Any]) -> Any:
         if not self.is_last:
             output = vllm_sample()
             rows, self.rows = self.rows, None
@@ -141,13 +144,12 @@ class LaneSteps:
                 rows = None
             if rows is None:
                 raise MissingStashError.on_rank(self.pp_rank, "a step executed before it")
-            if self.prepost:
-                rows.pending = self.channel.expect(len(rows.req_ids))
+            rows.pending = self.channel.expect(len(rows.req_ids))
             self.unreceived.append(rows)
             return output
-        output, sampled = vllm_sample_capturing()
-        rows = self.rows_of(runner, self.scheduler_output)
-        posted = self.channel.post(runner.input_batch.num_reqs, sampled, runner._draft_token_ids)
+        output, sampled = self.capture.around(vllm_sample)
+        rows = self.rows_of(view, self.scheduler_output)
+        posted = self.channel.post(view.num_reqs, sampled, view.drafts)
         if posted.local is not None:
             self.book.record(
                 rows.step,

@@ -1,21 +1,24 @@
-"""The runner mixin: vLLM's V1 runner overrides, each dispatching by mode.
+"""The runner mixin: vLLM's V1 runner overrides, delegating to the mode's steps.
 
 Mixed into vLLM's ``GPUModelRunner`` (:class:`PPSpecGPUModelRunner`) and
 ``CPUModelRunner`` (:class:`vllm_ppspec.runner.cpu.PPSpecCPUModelRunner`). The
-mode (:mod:`vllm_ppspec.runner.mode`) is chosen once, in ``_ppspec_setup``,
-and logged; every override asks it which path to take. The parts own their
-state:
+mode is decided once (:mod:`vllm_ppspec.policy`) and its steps object built
+once (:mod:`~vllm_ppspec.runner.parts`), in ``_ppspec_setup``; every step's
+override calls that object's hooks (:mod:`~vllm_ppspec.runner.steps`) and
+holds no mode of its own. ``OFF`` is a steps object whose hooks call vLLM's.
+The parts:
 
 * :mod:`~vllm_ppspec.runner.sync_steps` (``SYNC``),
-  :mod:`~vllm_ppspec.runner.lane_steps` (``LANES``),
-  :mod:`~vllm_ppspec.runner.two_batch` (``TWO_BATCH``);
+  :mod:`~vllm_ppspec.runner.lane_steps` (``LANES``), through one view of
+  vLLM's runner (:mod:`~vllm_ppspec.runner.view`);
 * :mod:`~vllm_ppspec.runner.drafter_scope`: the drafter hidden on non-last
   ranks, and shown a single-stage PP group on the last;
 * :mod:`~vllm_ppspec.runner.embedding_handover`: the target's embedding for
   the drafter; :mod:`~vllm_ppspec.runner.eagle3`: EAGLE-3 auxiliary states;
 * :mod:`~vllm_ppspec.runner.clocks`: where each rank's time goes;
-* :mod:`~vllm_ppspec.runner.rank_errors` and :mod:`~vllm_ppspec.runner.peer_watch`:
-  a failing rank, or a dead PP peer, ends the engine.
+* :mod:`~vllm_ppspec.runner.rank_errors`, :mod:`~vllm_ppspec.runner.peer_watch`,
+  :mod:`~vllm_ppspec.runner.startup_check`: a failing rank, a dead PP peer, or
+  ranks started differently end the engine.
 
 Every vLLM private name the package uses is listed in
 :mod:`vllm_ppspec.version_guard`. PP + spec with the external-launcher
@@ -23,17 +26,19 @@ Every vLLM private name the package uses is listed in
 
 Collectives the plugin adds, on every rank of the PP group unless said:
 
-* once at set-up, in this order, when the mode is not ``OFF``: the round shape
-  ``all_reduce`` (``RoundChannel.agree_shape``; ``LANES`` and ``TWO_BATCH``
-  only), then the peer watcher's ``all_gather_object`` of listening addresses
-  (``peer_watch.watch_pp_peers``);
+* once at set-up, in this order, when the mode is not ``OFF``: the start-up
+  check (``startup_check.agree``: a ``monitored_barrier``, an
+  ``all_gather_object``), the round shape ``all_reduce`` (``LANES`` only,
+  ``parts.build_steps``), the placement check (``placement.pp_on_one_host``:
+  a broadcast, an ``all_reduce``), then the peer watch's ``all_gather_object``
+  of listening addresses (``peer_watch.watch_pp_peers``);
 * once after ``load_model``, mode not ``OFF``: the embedding hand-over's header
   ``all_reduce``, and if vLLM would share the target's embedding with the
   drafter a digest ``all_reduce`` and, if the drafter's values differ, a
   ``broadcast`` from the first rank (``embedding_handover``);
-* per step, ``LANES`` and ``TWO_BATCH``: one round message from the last rank
-  to each other rank (``isend`` there, ``irecv`` on each receiver, gloo
-  ``cpu_group``; see those parts for who posts it when); none in ``SYNC``;
+* per step, ``LANES``: one round message from the last rank to each other
+  rank (``isend`` there, ``irecv`` on each receiver, gloo ``cpu_group``; see
+  ``lane_steps`` for who posts it when); none in ``SYNC``;
 * at DP > 1 (MoE targets), per drafter run, on every rank holding a drafter,
   whatever the mode: one ``all_gather`` on the DP group's ``cpu_group`` before
   the drafter's first forward (:mod:`vllm_ppspec.protocol.dp_agreement`).
@@ -41,7 +46,6 @@ Collectives the plugin adds, on every rank of the PP group unless said:
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -57,20 +61,18 @@ from vllm.sequence import IntermediateTensors  # noqa: E402
 from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer  # noqa: E402
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner  # noqa: E402
 
+from vllm_ppspec.policy import Mode, mode_of  # noqa: E402
 from vllm_ppspec.protocol import dp_agreement, faults  # noqa: E402
-from vllm_ppspec.protocol.rounds import RoundChannel  # noqa: E402
 from vllm_ppspec.runner import eagle3  # noqa: E402
 from vllm_ppspec.runner.clocks import Clocks  # noqa: E402
 from vllm_ppspec.runner.drafter_scope import drafter_hidden, isolate_drafter  # noqa: E402
 from vllm_ppspec.runner.embedding_handover import give_drafter_the_target_embedding  # noqa: E402
-from vllm_ppspec.runner.lane_steps import LaneSteps, lane_scheduler_selected  # noqa: E402
-from vllm_ppspec.runner.mode import Mode, choose_mode  # noqa: E402
+from vllm_ppspec.runner.parts import build_steps, check_engine_mode  # noqa: E402
 from vllm_ppspec.runner.peer_watch import watch_pp_peers  # noqa: E402
 from vllm_ppspec.runner.placement import peer_watch_host  # noqa: E402
 from vllm_ppspec.runner.startup_check import agree, fingerprint  # noqa: E402
-from vllm_ppspec.runner.sync_steps import SyncSteps  # noqa: E402
-from vllm_ppspec.runner.two_batch import TwoBatchSteps  # noqa: E402
-from vllm_ppspec.sched.draft_delivery import attach_drafts  # noqa: E402
+from vllm_ppspec.runner.steps import Steps  # noqa: E402
+from vllm_ppspec.runner.view import RunnerView  # noqa: E402
 
 if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
@@ -83,29 +85,21 @@ class PPSpecRunnerMixin:
 
     # Provided by GPUModelRunner.
     speculative_config: Any
-    input_batch: Any
-    requests: dict[str, Any]
-    device: torch.device
     use_async_scheduling: bool
     num_spec_tokens: int
     broadcast_pp_output: bool
 
     # Class defaults: vLLM's own __init__ may reach an override before
     # _ppspec_setup runs; until then every override calls straight through.
-    _ppspec_mode: Mode = Mode.OFF
+    _ppspec_steps: Steps = Steps()
     _ppspec_is_last: bool = True
-    _ppspec_sync: SyncSteps | None = None
-    _ppspec_lanes: LaneSteps | None = None
-    _ppspec_two_batch: TwoBatchSteps | None = None
     _ppspec_faults: faults.Faults = faults.Faults()
     _ppspec_fault_step: int = 0  # non-last ranks: execute_model calls (fault injection)
-    _ppspec_deferred: Callable[[], None] | None = None
-    _ppspec_captured: torch.Tensor | None = None  # last rank: what vLLM just sampled
 
     @property
     def ppspec_active(self) -> bool:
         """Speculative decoding under PP on this runner (the mode is not OFF)."""
-        return self._ppspec_mode is not Mode.OFF
+        return self._ppspec_steps.mode is not Mode.OFF
 
     @property
     def ppspec_clocks(self) -> Clocks:
@@ -114,23 +108,24 @@ class PPSpecRunnerMixin:
             clocks = self.__dict__["_ppspec_clocks"] = Clocks()
         return clocks
 
+    @property
+    def _ppspec_view(self) -> RunnerView:
+        view = self.__dict__.get("_ppspec_runner_view")
+        if view is None:
+            view = self.__dict__["_ppspec_runner_view"] = RunnerView(self)
+        return view
+
     def _model_forward(self, *args: Any, **kwargs: Any) -> Any:
         with self.ppspec_clocks.timing("forward_s"):
             return super()._model_forward(*args, **kwargs)  # type: ignore[misc]
 
     # ------------------------------------------------------------------
-    # Set-up: the mode and its part
+    # Set-up: the mode and its steps, once
     # ------------------------------------------------------------------
     def _ppspec_setup(self) -> None:
         """Called right after GPUModelRunner.__init__ (drafter already built)."""
         pp = get_pp_group()
-        mode = choose_mode(
-            bool(self.speculative_config),
-            pp.world_size,
-            self.use_async_scheduling,
-            lambda: lane_scheduler_selected(self.vllm_config),  # type: ignore[attr-defined]
-        )
-        self._ppspec_mode = mode
+        mode = mode_of(bool(self.speculative_config), pp.world_size, self.use_async_scheduling)
         self._ppspec_is_last = pp.is_last_rank
         # DP > 1 (MoE targets): this rank's drafter agrees with the other DP
         # ranks' on each run (protocol/dp_agreement.py), in every mode.
@@ -143,52 +138,30 @@ class PPSpecRunnerMixin:
                 "external_launcher (torchrun) PP mode; use the default mp executor "
                 "(--distributed-executor-backend mp) or remove --speculative-config."
             )
+        check_engine_mode(self.vllm_config, mode)  # type: ignore[attr-defined]
         # The plugin's first collective: every PP rank was started the same way
         # (one host or several), or every rank refuses (startup_check.py).
         agree(pp.cpu_group, fingerprint(self, mode.value))
+        RunnerView.check(self)
         self._ppspec_faults = faults.Faults.from_env()
         if self._ppspec_faults.any():
             logger.warning(
                 "vllm-ppspec: test fault injection on non-last ranks: %s", self._ppspec_faults
             )
-        if mode in (Mode.SYNC, Mode.LANES):
-            # Lanes make each step sync-shaped: the same rebuilds apply.
-            hybrid = bool(self.model_config.is_hybrid)  # type: ignore[attr-defined]
-            skip = self._ppspec_faults.skip_state_replay
-            self._ppspec_sync = SyncSteps(self._ppspec_is_last, hybrid, skip)
-        if mode.exchanges_rounds:
-            # One message per round, last rank to the others, of a static
-            # size; every PP rank agrees on the shape here, in start-up order:
-            # after it, posting a round never blocks (protocol/rounds.py).
-            channel = RoundChannel(
-                pp.cpu_group,
-                pp.last_rank,
-                self.max_num_reqs,  # type: ignore[attr-defined]
-                self.num_spec_tokens,
-            )
-            channel.agree_shape()
-            if mode is Mode.LANES:
-                # Each step reaches vLLM's runner as sync scheduling would send
-                # it, so its sync path runs; rounds still travel from the last
-                # rank, one per step, completed PP steps later.
-                self.use_async_scheduling = False
-                self.use_async_spec_decode = False  # type: ignore[attr-defined]
-                self._ppspec_lanes = LaneSteps(
-                    channel,
-                    pp.world_size,
-                    pp.rank_in_group,
-                    self._ppspec_is_last,
-                    self._ppspec_faults,
-                    self.ppspec_clocks,
-                )
-            else:
-                self._ppspec_two_batch = TwoBatchSteps(
-                    channel,
-                    self._ppspec_is_last,
-                    pp.rank_in_group,
-                    self._ppspec_faults,
-                    self.ppspec_clocks,
-                )
+        self._ppspec_steps = build_steps(
+            mode,
+            pp,
+            hybrid=bool(self.model_config.is_hybrid),  # type: ignore[attr-defined]
+            capacity=self.max_num_reqs,  # type: ignore[attr-defined]
+            k=self.num_spec_tokens,
+            fault=self._ppspec_faults,
+            clocks=self.ppspec_clocks,
+        )
+        if mode is Mode.LANES:
+            # Each step reaches vLLM's runner as sync scheduling would send it,
+            # so its sync path runs; rounds still travel from the last rank,
+            # one per step, completed PP steps later.
+            self._ppspec_view.run_sync_path()
         if self._ppspec_is_last:
             isolate_drafter(self.drafter)  # type: ignore[attr-defined]
         # Every PP rank, once, here, in this order on the PP gloo group: the
@@ -265,48 +238,21 @@ class PPSpecRunnerMixin:
 
     def _setup_eagle3_aux_hidden_state_outputs(self) -> None:
         vllm_setup = super()._setup_eagle3_aux_hidden_state_outputs  # type: ignore[misc]
-        if self._ppspec_mode is Mode.OFF or not eagle3.uses_aux_states(self.speculative_config):
+        if not self.ppspec_active or not eagle3.uses_aux_states(self.speculative_config):
             vllm_setup()
             return
         model = self.model  # type: ignore[attr-defined]
         eagle3.set_up(model, self.speculative_config, self._ppspec_is_last, vllm_setup)
 
     # ------------------------------------------------------------------
-    # Every step
+    # Every step: the mode's hooks (steps.py)
     # ------------------------------------------------------------------
     def _update_states(self, scheduler_output: SchedulerOutput) -> Any:
-        sync = self._ppspec_sync
-        if sync is not None:
-            sync.before_update_states(self.requests, scheduler_output)
+        steps, view = self._ppspec_steps, self._ppspec_view
+        steps.before_update(view, scheduler_output)
         deferred = super()._update_states(scheduler_output)  # type: ignore[misc]
-        if deferred is not None and self.ppspec_active and not self._ppspec_is_last:
-            deferred = self._ppspec_run_once(deferred)
-        self._ppspec_deferred = deferred
-        if self._ppspec_two_batch is not None:
-            self._ppspec_two_batch.after_update_states(self, scheduler_output)
-        if sync is not None:
-            sync.after_update_states(self, scheduler_output)
+        steps.after_update(view, scheduler_output)
         return deferred
-
-    def _ppspec_run_once(self, correction: Callable[[], None]) -> Callable[[], None]:
-        """Wrap vLLM's deferred async count correction so that it runs once per step.
-
-        vLLM returns the correction from ``_update_states`` and, in
-        ``GPUModelRunner.execute_model``, runs it before the forward when
-        ``mamba_cache_mode == "align"`` and otherwise after the forward, on the
-        last rank only (non-last ranks return their intermediate tensors
-        first). ``execute_model`` below runs it on non-last ranks after the
-        forward; whoever calls first clears ``_ppspec_deferred`` so the other
-        call does nothing (running it twice subtracts the correction twice).
-        """
-
-        def run() -> None:
-            if self._ppspec_deferred is not run:
-                return  # already ran this step, or belongs to an earlier step
-            self._ppspec_deferred = None
-            correction()
-
-        return run
 
     def execute_model(
         self,
@@ -324,14 +270,11 @@ class PPSpecRunnerMixin:
         scheduler_output: SchedulerOutput,
         intermediate_tensors: IntermediateTensors | None,
     ) -> Any:
-        lanes = self._ppspec_lanes
-        if lanes is not None:
-            lanes.prepare(self, scheduler_output)
-        if self._ppspec_mode is Mode.OFF or self._ppspec_is_last:
+        self._ppspec_steps.prepare(self._ppspec_view, scheduler_output)
+        if not self.ppspec_active or self._ppspec_is_last:
             return super().execute_model(  # type: ignore[misc]
                 scheduler_output, intermediate_tensors
             )
-        self._ppspec_deferred = None
         self._ppspec_fault_step += 1
         if self._ppspec_faults.fires("raise", self._ppspec_fault_step):
             raise faults.InjectedFault(f"raise@{self._ppspec_fault_step} on a non-last PP rank")
@@ -339,26 +282,16 @@ class PPSpecRunnerMixin:
             scheduler_output, intermediate_tensors
         )
         if isinstance(output, IntermediateTensors):
-            if self._ppspec_two_batch is not None:
-                self._ppspec_two_batch.stash = scheduler_output
-            if lanes is not None:
-                lanes.rows = lanes.rows_of(self, scheduler_output)
+            self._ppspec_steps.executed(self._ppspec_view, scheduler_output)
             if intermediate_tensors is not None and eagle3.uses_aux_states(self.speculative_config):
                 eagle3.relay(self.model, output, intermediate_tensors)  # type: ignore[attr-defined]
-            # vLLM runs the async spec-decode count correction after the forward
-            # on the last rank only (it returns before reaching it here); in the
-            # mamba "align" mode it already ran it before the forward, and then
-            # this call does nothing (_ppspec_run_once).
-            if self._ppspec_deferred is not None:
-                self._ppspec_deferred()
-        self._ppspec_deferred = None
         return output
 
     def _update_states_after_model_execute(
         self, output_token_ids: torch.Tensor, scheduler_output: SchedulerOutput
     ) -> None:
-        if self._ppspec_mode.exchanges_rounds and self._ppspec_is_last:
-            self._ppspec_captured = output_token_ids
+        if self._ppspec_is_last:
+            self._ppspec_steps.sampled(output_token_ids)
         super()._update_states_after_model_execute(  # type: ignore[misc]
             output_token_ids, scheduler_output
         )
@@ -369,47 +302,15 @@ class PPSpecRunnerMixin:
         super()._pp_broadcast_prev_sampled_token_ids(sampled_token_ids)  # type: ignore[misc]
 
     def sample_tokens(self, grammar_output: Any) -> Any:
+        vllm_sample = super().sample_tokens  # type: ignore[misc]
         with self.ppspec_clocks.timing("total_step_s"):
-            return self._ppspec_sample_tokens(grammar_output)
-
-    def _ppspec_sample_tokens(self, grammar_output: Any) -> Any:
-        mode = self._ppspec_mode
-        if mode is Mode.OFF:
-            return super().sample_tokens(grammar_output)  # type: ignore[misc]
-        if mode is Mode.SYNC:
-            output = super().sample_tokens(grammar_output)  # type: ignore[misc]
-            if self._ppspec_is_last:
-                attach_drafts(output, self.take_draft_token_ids())  # type: ignore[attr-defined]
-            return output
-        if self._ppspec_lanes is not None:
-            vllm_sample = super().sample_tokens  # type: ignore[misc]
-            return self._ppspec_lanes.sample(
-                self,
-                self._ppspec_fault_step,
-                lambda: vllm_sample(grammar_output),
-                lambda: self._ppspec_sample_capturing(grammar_output),
+            return self._ppspec_steps.sample(
+                self._ppspec_view, self._ppspec_fault_step, lambda: vllm_sample(grammar_output)
             )
-        two_batch = self._ppspec_two_batch
-        assert two_batch is not None
-        if self._ppspec_is_last:
-            return two_batch.sample_last(self, self._ppspec_sample_capturing(grammar_output))
-        vllm_replay = super()._update_states_after_model_execute  # type: ignore[misc]
-        return two_batch.sample_other(self, self._ppspec_fault_step, vllm_replay)
 
-    def _ppspec_sample_capturing(self, grammar_output: Any) -> tuple[Any, torch.Tensor]:
-        """Last rank: vLLM's sample_tokens, and the sampled tensor it produced.
-
-        The tensor is captured where vLLM hands it to
-        ``_update_states_after_model_execute``. If no sampler ran, the other
-        ranks still wait for a round: they get 0 rows, which never matches a
-        batch with requests, so every rank raises.
-        """
-        self._ppspec_captured = None
-        output = super().sample_tokens(grammar_output)  # type: ignore[misc]
-        sampled, self._ppspec_captured = self._ppspec_captured, None
-        if sampled is None:
-            sampled = torch.empty((0, 1), dtype=torch.int32)
-        return output, sampled
+    def ppspec_shutdown(self) -> None:
+        """The worker shuts down: the mode's steps end theirs."""
+        self._ppspec_steps.shutdown()
 
 
 class PPSpecGPUModelRunner(PPSpecRunnerMixin, GPUModelRunner):

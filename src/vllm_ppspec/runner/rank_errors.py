@@ -39,8 +39,7 @@ EXIT_CODE = 70  # EX_SOFTWARE
 
 class MissingStashError(RuntimeError):
     """A non-last PP rank reached ``sample_tokens`` without what its
-    ``execute_model`` left for it (two-batch mode: the scheduler output; lanes:
-    the step's rows)."""
+    ``execute_model`` left for it (lanes: the step's rows)."""
 
     @classmethod
     def on_rank(cls, rank: int, what: str) -> MissingStashError:

@@ -48,15 +48,12 @@ PROTOCOL_FIELD = "protocol"
 AGREED_SWITCHES: dict[str, str] = {
     # Sync: batches in flight (max_concurrent_batches, which workers size buffers by).
     "VLLM_PPSPEC_ONE_BATCH": "0",
-    # Async: lanes (PP + 1 batches, the lane scheduler) or two batches (another mode).
-    "VLLM_PPSPEC_ASYNC_LANES": "1",
 }
 # VLLM_PPSPEC_* variables that may differ between hosts: name -> why.
 HOST_LOCAL_SWITCHES: dict[str, str] = {
     TIMEOUT_ENV: "how long this rank waits here",
     "VLLM_PPSPEC_DP_AGREE_TIMEOUT": "how long this rank waits for its DP peers",
     "VLLM_PPSPEC_PEER_KEEPALIVE_S": "how soon this rank's peer watch gives up on a peer",
-    "VLLM_PPSPEC_ROUND_PREPOST": "when a receiver posts its receive (same message, same order)",
     "VLLM_PPSPEC_AUTO": "which worker this host selects (without the plugin's: never here)",
     "VLLM_PPSPEC_CPU_COMPILED_CORRECTION": "the same correction, compiled or eager",
     "VLLM_PPSPEC_FAULT": "tests: a fault injected on this host's ranks",

@@ -7,33 +7,47 @@ a rank, rebuilt from what it does carry.
 * :meth:`SyncSteps.restore_accepted_counts` (hybrid models, every rank): each
   row's accepted count of its request's last round
   (:mod:`vllm_ppspec.protocol.accepted_counts`).
-* in sync mode the last rank attaches each batch's drafts to its output
-  (:func:`vllm_ppspec.sched.draft_delivery.attach_drafts`, in the mixin).
+* :meth:`SyncSteps.sample` (sync mode, last rank): each batch's drafts
+  attached to its output (:func:`vllm_ppspec.sched.draft_delivery.attach_drafts`).
 
 No collective: in sync mode the stages never wait for each other.
+Hooks (``steps.py``): ``before_update``, ``after_update``, ``sample``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+from vllm_ppspec.policy import Mode
 from vllm_ppspec.protocol.accepted_counts import AcceptedCounts
+from vllm_ppspec.runner.steps import Steps
+from vllm_ppspec.runner.view import RunnerView
+from vllm_ppspec.sched.draft_delivery import attach_drafts
 
 
-class SyncSteps:
+class SyncSteps(Steps):
+    mode = Mode.SYNC
+
     def __init__(self, is_last: bool, hybrid: bool, skip_state_replay: bool = False) -> None:
         self.is_last = is_last
         self.counts = AcceptedCounts() if hybrid else None
         # Test fault injection (protocol/faults.py): non-last ranks skip the rebuild.
         self.skip_state_replay = skip_state_replay
 
-    def before_update_states(self, requests: dict[str, Any], scheduler_output: Any) -> None:
+    def before_update(self, view: RunnerView, scheduler_output: Any) -> None:
         if not self.is_last:
-            self.restore_output_tokens(requests, scheduler_output)
+            self.restore_output_tokens(view.requests, scheduler_output)
 
-    def after_update_states(self, runner: Any, scheduler_output: Any) -> None:
+    def after_update(self, view: RunnerView, scheduler_output: Any) -> None:
         if self.counts is not None:
-            self.restore_accepted_counts(runner, scheduler_output)
+            self.restore_accepted_counts(view, scheduler_output)
+
+    def sample(self, view: RunnerView, fault_step: int, vllm_sample: Callable[[], Any]) -> Any:
+        output = vllm_sample()
+        if self.is_last:
+            attach_drafts(output, view.take_drafts())
+        return output
 
     @staticmethod
     def restore_output_tokens(requests: dict[str, Any], scheduler_output: Any) -> None:
@@ -66,7 +80,7 @@ class SyncSteps:
             if num_computed >= req_state.num_prompt_tokens:
                 req_state.output_token_ids[:] = tokens[req_state.num_prompt_tokens : num_computed]
 
-    def restore_accepted_counts(self, runner: Any, scheduler_output: Any) -> None:
+    def restore_accepted_counts(self, view: RunnerView, scheduler_output: Any) -> None:
         """Hybrid models: each row's count of its request's last round.
 
         Runs on every rank after ``_update_states`` (the batch now holds this
@@ -77,10 +91,10 @@ class SyncSteps:
         assert counts is not None
         for req_id in scheduler_output.finished_req_ids:
             counts.forget(req_id)
-        event = getattr(runner, "num_accepted_tokens_event", None)
+        event = view.accepted_counts_event
         if event is not None:
             event.synchronize()  # the sampler's own D2H copy must not land later
-        batch = runner.input_batch
+        batch = view.input_batch
         skip_replay = not self.is_last and self.skip_state_replay
         cached = scheduler_output.scheduled_cached_reqs
         for i, req_id in enumerate(cached.req_ids):
@@ -93,7 +107,7 @@ class SyncSteps:
                 batch.num_accepted_tokens_cpu[row] = valid
         spec_tokens = scheduler_output.scheduled_spec_decode_tokens
         for req_id, num in scheduler_output.num_scheduled_tokens.items():
-            state = runner.requests.get(req_id)
+            state = view.requests.get(req_id)
             if state is not None:
                 counts.record(
                     req_id, state.num_computed_tokens, num, len(spec_tokens.get(req_id, ()))

@@ -32,6 +32,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.outputs import DraftTokenIds
 from vllm.v1.request import RequestStatus
 
+from vllm_ppspec.policy import Mode
 from vllm_ppspec.sched.draft_delivery import attached_drafts
 
 logger = init_logger("vllm.ppspec")
@@ -74,6 +75,8 @@ def across_hosts(vllm_config: Any) -> None:
 
 
 class PPSpecScheduler(Scheduler):
+    ppspec_mode = Mode.SYNC  # policy.scheduler_serves
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.ppspec_batches = BatchesInFlight()

@@ -35,10 +35,13 @@ from typing import Any
 
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 
+from vllm_ppspec.policy import Mode
 from vllm_ppspec.sched.filled import BatchesInFlight, across_hosts, schedule_without
 
 
 class PPSpecLaneScheduler(AsyncScheduler):
+    ppspec_mode = Mode.LANES  # policy.scheduler_serves
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.ppspec_lanes = int(self.vllm_config.parallel_config.pipeline_parallel_size)

@@ -1,0 +1,65 @@
+"""The mode of PP + speculative decoding, decided once, from config and env.
+
+Pure functions of a few config facts and the environment: no vLLM import.
+Both sides call them: the engine-side config patch (batches in flight, which
+scheduler) and the runner (which steps object); the start-up check compares
+the runner's mode across PP ranks (``runner/startup_check.py``).
+
+* ``OFF``: PP = 1 or no speculative config. Nothing of the plugin runs per step.
+* ``SYNC``: sync scheduling. The plugin's scheduler keeps PP batches in flight
+  (one per stage; :data:`ONE_BATCH_ENV` = 1 keeps one); the scheduler output
+  carries every token a rank needs: no per-round exchange.
+* ``LANES``: async scheduling. Requests are pinned to lanes, PP + 1 batches in
+  flight; the last rank sends each round to the others, one way.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+
+# Sync scheduling: one batch in flight instead of PP. For a model drafter at
+# moderate load (docs/measurements.md, "One batch or PP batches").
+ONE_BATCH_ENV = "VLLM_PPSPEC_ONE_BATCH"
+
+SCHEDULER_QUALNAME = "vllm_ppspec.sched.filled.PPSpecScheduler"
+LANE_SCHEDULER_QUALNAME = "vllm_ppspec.sched.lanes.PPSpecLaneScheduler"
+
+
+class Mode(enum.Enum):
+    OFF = "off"
+    SYNC = "sync"
+    LANES = "async with lanes"
+
+    @property
+    def exchanges_rounds(self) -> bool:
+        """Whether the last rank sends each round to the other ranks."""
+        return self is Mode.LANES
+
+
+def mode_of(has_spec: bool, pp_size: int, async_scheduling: bool) -> Mode:
+    if not has_spec or pp_size <= 1:
+        return Mode.OFF
+    return Mode.LANES if async_scheduling else Mode.SYNC
+
+
+def one_batch() -> bool:
+    return os.environ.get(ONE_BATCH_ENV) == "1"
+
+
+def batches_in_flight(mode: Mode, pp_size: int) -> int:
+    """Batches the engine keeps in flight in ``mode`` (not OFF)."""
+    if mode is Mode.LANES:
+        return pp_size + 1
+    return 1 if one_batch() else pp_size
+
+
+def scheduler_of(mode: Mode) -> str | None:
+    """The plugin scheduler's qualified name for ``mode``, or None for vLLM's own."""
+    return {Mode.SYNC: SCHEDULER_QUALNAME, Mode.LANES: LANE_SCHEDULER_QUALNAME}.get(mode)
+
+
+def scheduler_serves(cls: object, mode: Mode) -> bool:
+    """Whether scheduler class ``cls`` is the plugin's for ``mode`` (or a
+    subclass): the plugin's schedulers name their mode in ``ppspec_mode``."""
+    return isinstance(cls, type) and getattr(cls, "ppspec_mode", None) is mode
