@@ -220,7 +220,7 @@ def node_args(
 
 
 def node_env(hosts: TwoHosts, rank: int) -> dict[str, str]:
-    """What each node needs (README, "Across hosts"): its own address for vLLM
+    """What each node needs (docs/across-hosts.md): its own address for vLLM
     and gloo, and one OpenMP core list per local rank."""
     host = hosts.nodes[rank].host
     return {
