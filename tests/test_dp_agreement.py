@@ -18,6 +18,7 @@ import torch
 from tests.distributed import run_ranks
 from vllm_ppspec.protocol import dp_agreement, faults
 from vllm_ppspec.protocol.dp_agreement import Agreement, DPAgreementError
+from vllm_ppspec.runner import dp_hook
 
 
 def _world():
@@ -131,7 +132,7 @@ class _Drafter:
 
 def _hooked_steps(rank: int, world: int, disagree_at: int = 0):
     drafter = _Drafter(rank)
-    dp_agreement.install(drafter, _world(), rank, disagree_at=disagree_at)
+    dp_hook.install(drafter, _world(), rank, disagree_at=disagree_at)
     hook = drafter._ppspec_dp_hook
     agreements = []
     try:

@@ -61,7 +61,7 @@ MID_INSTALL_FAILURE = """
 import importlib
 from vllm.platforms.cpu import CpuPlatform
 del CpuPlatform.check_and_update_config
-from vllm_ppspec.version_guard import PATCHED_NAMES
+from vllm_ppspec.patches import PATCHED_NAMES
 
 def now():
     values = {}

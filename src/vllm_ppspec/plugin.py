@@ -101,10 +101,10 @@ _ABSENT = object()
 
 def _patched_attributes() -> list[tuple[Any, str, Any]]:
     """(owner, name, own value or _ABSENT) of every vLLM name the config patches
-    replace (``version_guard.PATCHED_NAMES``), as they are now."""
+    replace (``vllm_ppspec.patches.PATCHED_NAMES``), as they are now."""
     import importlib
 
-    from vllm_ppspec.version_guard import PATCHED_NAMES
+    from vllm_ppspec.patches import PATCHED_NAMES
 
     saved = []
     for module, qualname in PATCHED_NAMES:

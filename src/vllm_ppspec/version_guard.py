@@ -160,19 +160,19 @@ MIRRORED_FUNCTIONS: tuple[tuple[str, str, dict[str, str], str], ...] = (
         "vllm.v1.spec_decode.llm_base_proposer",
         "SpecDecodeBaseProposer.propose",
         {"0.32.0": "00017c139f27a3e7", "0.33.0": "00017c139f27a3e7"},
-        "protocol.dp_agreement:forwards_of_propose (its number of drafter forwards)",
+        "runner.dp_hook:forwards_of_propose (its number of drafter forwards)",
     ),
     (
         "vllm.v1.spec_decode.llm_base_proposer",
         "SpecDecodeBaseProposer.dummy_run",
         {"0.32.0": "5e2e533fb829b334", "0.33.0": "5e2e533fb829b334"},
-        "protocol.dp_agreement:forwards_of_dummy_run (its number of drafter forwards)",
+        "runner.dp_hook:forwards_of_dummy_run (its number of drafter forwards)",
     ),
     (
         "vllm.v1.spec_decode.llm_base_proposer",
         "SpecDecodeBaseProposer._determine_batch_execution_and_padding",
         {"0.32.0": "6919756134947839", "0.33.0": "6919756134947839"},
-        "protocol.dp_agreement:install (agrees at its first call in a drafter run)",
+        "runner.dp_hook:install (agrees at its first call in a drafter run)",
     ),
     (
         "vllm.v1.core.sched.scheduler",
@@ -201,18 +201,6 @@ MIRRORED_FUNCTIONS: tuple[tuple[str, str, dict[str, str], str], ...] = (
     ),
 )
 
-
-# Upstream methods the plugin wraps in place (config_patches.install), beside
-# the ones its classes override (found from their MRO by tools/drift.py). Their
-# upstream bodies are compared release to release by the drift tool.
-PATCHED_NAMES: tuple[tuple[str, str], ...] = (
-    ("vllm.config.vllm", "VllmConfig.__post_init__"),
-    ("vllm.config.vllm", "VllmConfig._get_v1_model_runner_unsupported_features"),
-    ("vllm.config.vllm", "VllmConfig.use_v2_model_runner"),
-    ("vllm.config.vllm", "VllmConfig.max_concurrent_batches"),
-    ("vllm.v1.engine.core", "EngineCore.post_step"),
-    ("vllm.platforms.cpu", "CpuPlatform.check_and_update_config"),
-)
 
 # Per vLLM release: drift the drift tool may report that has been read and
 # handled ("module:qualname" -> what the plugin does about it). A release is

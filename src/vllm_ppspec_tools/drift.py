@@ -14,7 +14,7 @@ the reference version, ``version_guard.REFERENCE_VLLM_VERSION``):
   hash pinned for VERSION (the reference's pin for a release not supported),
   or changed, with the diff;
 * every upstream method the plugin overrides (its runner, worker and scheduler
-  classes: found from their MRO) or wraps (``version_guard.PATCHED_NAMES``):
+  classes: found from their MRO) or wraps (``vllm_ppspec.patches.PATCHED_NAMES``):
   the same source as installed, or changed, with the diff.
 
 Exits 1 on any drift that ``version_guard.EXPLAINED_DRIFT[VERSION]`` does not
@@ -264,6 +264,7 @@ def _diff(old: str, new: str, name: str, version: str, pinned: str) -> str:
 
 
 def check(sources: Sources, version: str) -> Report:
+    from vllm_ppspec import patches
     from vllm_ppspec import version_guard as guard
 
     pinned = guard.REFERENCE_VLLM_VERSION
@@ -303,7 +304,7 @@ def check(sources: Sources, version: str) -> Report:
             report.add(key, f"changed (copied in {where})", _diff(old, new, key, version, pinned))
 
     targets = [(m, q, s) for m, q, s in overridden()]
-    targets += [(m, q, installed_source(m, q)) for m, q in guard.PATCHED_NAMES]
+    targets += [(m, q, installed_source(m, q)) for m, q in patches.PATCHED_NAMES]
     report.lines.append(f"overridden or wrapped upstream methods ({len(targets)}):")
     for module, qualname, old in targets:
         key = f"{module}:{qualname}"

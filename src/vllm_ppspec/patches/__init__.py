@@ -11,12 +11,16 @@ Two places, by when they apply:
   them.
 * ``engine core``: in the engine core process, when it builds one of the
   plugin's schedulers (PP + spec with the plugin's worker).
+* ``runner``: inside the plugin's runner, on one object (a drafter instance:
+  its class is untouched) or for the length of one call (a module global put
+  back after it).
 
 The plugin's own subclasses (worker, runner, schedulers) are not patches: they
 are selected by name (``--worker-cls``, and the config patch that sets the
-scheduler class). ``tests/test_patches_registry.py`` checks that this registry
-names exactly what ``version_guard.PATCHED_NAMES`` pins and what the modules
-install.
+scheduler class). :data:`PATCHED_NAMES`, the wrapped config names that the
+plugin hook undoes on a failed install and the drift tool reads release to
+release, is derived from it. ``tests/test_patches_registry.py`` checks each
+entry against vLLM and the modules that install it.
 """
 
 from __future__ import annotations
@@ -30,11 +34,11 @@ from vllm_ppspec.version_guard import SUPPORTED_VLLM_VERSIONS
 class Patch:
     module: str  # the plugin module that installs it
     when: str  # "config" (every vLLM process), "worker" (the plugin's CPU worker),
-    # or "engine core" (with the plugin's scheduler)
+    # "engine core" (with the plugin's scheduler), "runner" (one object or one call)
     targets: tuple[str, ...]  # vLLM names replaced or wrapped, "module:qualname"
     why: str
     how: str
-    upstream: str  # vLLM issue / PR or source location behind it
+    upstream: str  # the vLLM issue or PR behind it, or "none found" and the source
     remove_when: str
     versions: tuple[str, ...] = SUPPORTED_VLLM_VERSIONS  # the vLLM releases that need it
 
@@ -98,7 +102,11 @@ REGISTRY: tuple[Patch, ...] = (
             "with --nnodes > 1 only: a remote reader polls in 0.1 s slices and raises "
             "RuntimeError('cancelled') once its queue is shut down, as a local reader does"
         ),
-        upstream="vllm/distributed/device_communicators/shm_broadcast.py:MessageQueue.dequeue",
+        upstream=(
+            "none found for the remote reader's dequeue (related: vLLM #23985, errors of "
+            "non-output ranks wait the RPC timeout; PR #58059, the same cancel for start-up "
+            "waits); vllm/distributed/device_communicators/shm_broadcast.py"
+        ),
         remove_when="vLLM's remote MessageQueue reads end on shutdown",
     ),
     Patch(
@@ -110,7 +118,10 @@ REGISTRY: tuple[Patch, ...] = (
             "temporary int64 copy: greedy rows change beside sampled ones."
         ),
         how="registers a torch expand_kernel over vLLM's fallback when Triton is absent",
-        upstream="vllm/utils/cpu_triton_utils.py:_expand_kernel_impl (unchanged in 0.33.0)",
+        upstream=(
+            "vLLM PR #42638 (expand_batch_to_tokens on CPU, closed unmerged); "
+            "vllm/utils/cpu_triton_utils.py:_expand_kernel_impl, unchanged in 0.33.0"
+        ),
         remove_when="vLLM's CPU expand fallback writes into its output tensor",
     ),
     Patch(
@@ -119,7 +130,7 @@ REGISTRY: tuple[Patch, ...] = (
         targets=("vllm.v1.worker.gpu_model_runner:update_num_computed_tokens_for_batch_change",),
         why="inductor compiles the async spec-decode correction mid-serving on CPU (~2.6 s)",
         how="points the runner module's name at the uncompiled function",
-        upstream="vllm/v1/spec_decode/utils.py (torch.compile with the CPU compile backend)",
+        upstream=("none found; vllm/v1/spec_decode/utils.py (torch.compile with the CPU backend)"),
         remove_when="vLLM runs that correction eagerly on CPU",
     ),
     Patch(
@@ -132,7 +143,7 @@ REGISTRY: tuple[Patch, ...] = (
             "(PP=2 + ngram on CPU 7.8x slower than PP=2 without spec)"
         ),
         how="sets numba's thread count to torch's once vLLM bound the worker's threads",
-        upstream="vllm/v1/spec_decode/ngram_proposer.py:NgramProposer.batch_propose",
+        upstream="none found; vllm/v1/spec_decode/ngram_proposer.py:NgramProposer.batch_propose",
         remove_when="vLLM's ngram proposer leaves the OpenMP thread count as it found it",
     ),
     Patch(
@@ -144,7 +155,10 @@ REGISTRY: tuple[Patch, ...] = (
         ),
         why="vLLM's CPU communicator raises NotImplementedError: MoE at DP > 1 fails on CPU",
         how="gloo all_gather / all_reduce implementations on the communicator's group",
-        upstream="DeviceCommunicatorBase.all_gatherv / reduce_scatterv (vLLM 0.32)",
+        upstream=(
+            "vLLM #57837 (CpuCommunicator lacks the variable-size collectives), PR #47778 "
+            "(CPU MoE DP/EP, open)"
+        ),
         remove_when="tests/test_e2e_dp.py::test_stock_worker_still_fails... starts failing",
     ),
     Patch(
@@ -153,7 +167,79 @@ REGISTRY: tuple[Patch, ...] = (
         targets=("vllm.v1.worker.cpu_worker:CPUModelRunner",),
         why="CPUWorker.init_device builds its runner by this module-level name",
         how="points the name at the plugin's CPU runner for that one call, then restores it",
-        upstream="vllm/v1/worker/cpu_worker.py:CPUWorker.init_device",
+        upstream="none found (not a bug); vllm/v1/worker/cpu_worker.py:CPUWorker.init_device",
         remove_when="vLLM lets a worker choose its runner class",
     ),
+    Patch(
+        module="vllm_ppspec.runner.drafter_scope",
+        when="runner",
+        targets=(
+            "vllm.v1.spec_decode.llm_base_proposer:SpecDecodeBaseProposer._get_model",
+            "vllm.v1.spec_decode.llm_base_proposer:SpecDecodeBaseProposer._create_draft_vllm_config",
+            "vllm.v1.spec_decode.llm_base_proposer:SpecDecodeBaseProposer.propose",
+            "vllm.v1.spec_decode.llm_base_proposer:SpecDecodeBaseProposer.dummy_run",
+        ),
+        why=(
+            "the drafter is a whole model on the last PP rank, but model code asks the "
+            "global PP group which layers to build and whether to expect intermediate tensors"
+        ),
+        how=(
+            "isolate_drafter wraps these on the last rank's drafter instance (the class is "
+            "untouched): while they run, the PP group reads as one stage and the draft "
+            "config has pipeline_parallel_size 1"
+        ),
+        upstream="vLLM #52071 (PP + spec on the V1 runner); none found for the drafter's scope",
+        remove_when="vLLM builds and runs the drafter as one stage under PP",
+    ),
+    Patch(
+        module="vllm_ppspec.runner.drafter_scope",
+        when="runner",
+        targets=(
+            "vllm.distributed.parallel_state:_PP",
+            "vllm.envs:disable_envs_cache",
+        ),
+        why=(
+            "make_layers and EAGLE's get_num_layers read the PP group and "
+            "VLLM_PP_LAYER_PARTITION (the target's split) from module globals"
+        ),
+        how=(
+            "single_stage_pp puts a one-stage view in parallel_state._PP for the length of "
+            "a drafter call; target_partition_hidden turns vLLM's envs cache off and hides "
+            "VLLM_PP_LAYER_PARTITION while the drafter is built; both put them back after"
+        ),
+        upstream="none found",
+        remove_when="vLLM builds and runs the drafter as one stage under PP",
+    ),
+    Patch(
+        module="vllm_ppspec.runner.dp_hook",
+        when="runner",
+        targets=(
+            "vllm.v1.spec_decode.llm_base_proposer:SpecDecodeBaseProposer.propose",
+            "vllm.v1.spec_decode.llm_base_proposer:SpecDecodeBaseProposer.dummy_run",
+            "vllm.v1.spec_decode.llm_base_proposer:SpecDecodeBaseProposer._determine_batch_execution_and_padding",
+        ),
+        why=(
+            "at DP > 1 (MoE targets) every drafter forward's collectives must be matched on "
+            "the other DP ranks; vLLM relies on dummy_run issuing the same sequence as propose"
+        ),
+        how=(
+            "install wraps them on the drafter instance: each drafter run agrees with the "
+            "other DP ranks' first (protocol/dp_agreement.py), or every rank raises"
+        ),
+        upstream="none found",
+        remove_when="vLLM agrees drafter runs across DP itself",
+    ),
+)
+
+
+# The vLLM names wrapped in place in every process ("config" entries), as
+# (module, qualname): the plugin hook undoes them on a failed install, and
+# the drift tool compares their upstream bodies release to release.
+PATCHED_NAMES: tuple[tuple[str, str], ...] = tuple(
+    dict.fromkeys(
+        tuple(target.split(":"))  # type: ignore[misc]
+        for patch in REGISTRY
+        if patch.when == "config"
+        for target in patch.targets
+    )
 )

@@ -22,8 +22,9 @@ and TP position in the other DP replicas: for a last-stage rank, exactly the
 other replicas' last-stage ranks, whose drafters' collectives must match.
 
 When, and in what order. Each call of the drafter's ``propose`` or
-``dummy_run`` (wrapped on the drafter instance by :func:`install`) is one
-drafter run. At the run's first call of ``_determine_batch_execution_and_padding``
+``dummy_run`` (wrapped on the drafter instance by
+:func:`vllm_ppspec.runner.dp_hook.install`) is one drafter run. At the run's
+first call of ``_determine_batch_execution_and_padding``
 (before its first forward and before any DP collective of the run), every rank
 of the group calls one ``all_gather`` of an int64 record (:data:`FIELDS`):
 this rank's count of drafter runs so far, whether it drafts (``propose``) or
@@ -51,9 +52,7 @@ Fault injection: ``VLLM_PPSPEC_FAULT=dp_disagree@n`` (protocol/faults.py) makes 
 from __future__ import annotations
 
 import datetime
-import functools
 import os
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -146,90 +145,3 @@ def check_coordination(agreement: Agreement, num_tokens_across_dp: Any, dp_rank:
             f"vllm-ppspec: DP rank {dp_rank}: vLLM coordinated drafter tokens {got} across DP, "
             f"the ranks agreed on {list(agreement.tokens)}."
         )
-
-
-def forwards_of_propose(drafter: Any, num_speculative_tokens: int) -> int:
-    """Drafter forwards ``SpecDecodeBaseProposer.propose`` runs (one, then k - 1 more)."""
-    if num_speculative_tokens <= 1 or drafter.parallel_drafting:
-        return 1
-    return int(num_speculative_tokens)
-
-
-def forwards_of_dummy_run(drafter: Any, is_graph_capturing: bool) -> int:
-    """Drafter forwards ``SpecDecodeBaseProposer.dummy_run`` runs."""
-    if is_graph_capturing or drafter.parallel_drafting:
-        return 1
-    return int(drafter.num_speculative_tokens)
-
-
-class _Hook:
-    """Per-drafter state: the run count and the run in progress."""
-
-    def __init__(self, group: Any, dp_rank: int, disagree_at: int) -> None:
-        self.group = group
-        self.dp_rank = dp_rank
-        self.disagree_at = disagree_at  # n-th propose on DP rank 1 lies (fault); 0: never
-        self.runs = 0
-        self.proposes = 0
-        self.pending: tuple[bool, int] | None = None  # (drafts, forwards) until agreed
-        self.current: Agreement | None = None
-        self.last: Agreement | None = None
-
-
-def install(drafter: Any, group: Any, dp_rank: int, disagree_at: int = 0) -> None:
-    """Wrap ``propose``, ``dummy_run`` and ``_determine_batch_execution_and_padding``
-    on this drafter instance (the class is untouched)."""
-    if getattr(drafter, "_ppspec_dp_hook", None) is not None:
-        return
-    hook = _Hook(group, dp_rank, disagree_at)
-    drafter._ppspec_dp_hook = hook
-
-    def run(
-        fn: Callable[..., Any], drafts: bool, forwards: Callable[..., int]
-    ) -> Callable[..., Any]:
-        @functools.wraps(fn)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            n = forwards(*args, **kwargs)
-            if drafts:
-                hook.proposes += 1
-                if hook.dp_rank == 1 and hook.proposes == hook.disagree_at:
-                    n += 1  # fault injection: this rank misreports its forwards
-            hook.pending, hook.current = (drafts, n), None
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                hook.runs += 1
-                hook.pending = None
-                if hook.current is not None:
-                    hook.last = hook.current
-                hook.current = None
-
-        return wrapper
-
-    def propose_forwards(num_speculative_tokens: int, *args: Any, **kwargs: Any) -> int:
-        return forwards_of_propose(drafter, num_speculative_tokens)
-
-    def dummy_forwards(
-        num_tokens: int,
-        use_cudagraphs: bool = True,
-        is_graph_capturing: bool = False,
-        slot_mappings: Any = None,
-    ) -> int:  # dummy_run's own signature
-        return forwards_of_dummy_run(drafter, is_graph_capturing)
-
-    determine = drafter._determine_batch_execution_and_padding
-
-    @functools.wraps(determine)
-    def determine_wrapper(num_tokens: int, *args: Any, **kwargs: Any) -> Any:
-        if hook.pending is not None:  # the run's first coordination: agree first
-            drafts, forwards = hook.pending
-            hook.pending = None
-            hook.current = agree(hook.group, hook.dp_rank, hook.runs, drafts, forwards, num_tokens)
-            result = determine(num_tokens, *args, **kwargs)
-            check_coordination(hook.current, result[2], hook.dp_rank)
-            return result
-        return determine(num_tokens, *args, **kwargs)
-
-    drafter.propose = run(drafter.propose, True, propose_forwards)
-    drafter.dummy_run = run(drafter.dummy_run, False, dummy_forwards)
-    drafter._determine_batch_execution_and_padding = determine_wrapper

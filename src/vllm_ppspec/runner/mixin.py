@@ -62,8 +62,8 @@ from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer  # noqa
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner  # noqa: E402
 
 from vllm_ppspec.policy import Mode, mode_of  # noqa: E402
-from vllm_ppspec.protocol import dp_agreement, faults  # noqa: E402
-from vllm_ppspec.runner import eagle3  # noqa: E402
+from vllm_ppspec.protocol import faults  # noqa: E402
+from vllm_ppspec.runner import dp_hook, eagle3  # noqa: E402
 from vllm_ppspec.runner.clocks import Clocks  # noqa: E402
 from vllm_ppspec.runner.drafter_scope import drafter_hidden, isolate_drafter  # noqa: E402
 from vllm_ppspec.runner.embedding_handover import give_drafter_the_target_embedding  # noqa: E402
@@ -187,7 +187,7 @@ class PPSpecRunnerMixin:
             return
         fault = faults.Faults.from_env()
         dp = get_dp_group()
-        dp_agreement.install(
+        dp_hook.install(
             drafter,
             dp.cpu_group,
             dp.rank_in_group,
