@@ -49,7 +49,12 @@ def hosts():
 @pytest.fixture(scope="module")
 def pp1_reference(models):
     """PP=1 without speculation, vLLM's own worker, one host: the oracle."""
-    return {name: run_job(job(models[name], worker="stock")).outputs for name in ("target", "mimo")}
+    out = {}
+    for name in ("target", "mimo"):
+        res = run_job(job(models[name], worker="stock"))
+        assert res.returncode == 0, res.log[-6000:]
+        out[name] = res.outputs
+    return out
 
 
 def spec_counts(base: str) -> dict[str, int]:
