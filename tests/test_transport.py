@@ -288,30 +288,44 @@ def test_a_posted_round_that_diverges_raises_on_the_receiver():
     assert results[1].error is None and results[1].value == "sent"
 
 
-def _expected_rounds(rank: int, world: int):
-    """The receiver posts its side of two rounds before the sender has them
-    (``expect``, as a non-last rank does at the end of its step)."""
-    ch = _channel()
-    ch.agree_shape()
-    if rank == LAST:
-        time.sleep(0.5)
-        ch.post(1, torch.tensor([[6, -1]]), torch.tensor([[1, 2, 3]])).wait()
-        ch.post(2, torch.tensor([[7, 8], [9, -1]]), torch.tensor([[1, 2, 3], [4, 5, 6]])).wait()
-        return None
+# The receiver posts its side of two rounds before the sender has them
+# (``expect``, as a non-last rank does at the end of its step), computes, then
+# waits for them. Over the delay line, not the loopback: gloo moves a message
+# once its receive is posted, so a receive posted only when waited on would
+# cost the receiver a round trip there (2 x DELAY_MS); on the loopback that is
+# microseconds and passes too.
+EARLY_RECEIVE = """
+import json, sys, time
+import torch, torch.distributed as dist
+from vllm_ppspec.protocol.rounds import RoundChannel
+rank, master = int(sys.argv[1]), sys.argv[2]
+dist.init_process_group("gloo", init_method=f"tcp://{master}:29535", rank=rank, world_size=2)
+ch = RoundChannel(dist.group.WORLD, 1, 8, 3)
+ch.agree_shape()
+out = None
+if rank == 1:
+    time.sleep(0.5)
+    ch.post(1, torch.tensor([[6, -1]]), torch.tensor([[1, 2, 3]])).wait()
+    ch.post(2, torch.tensor([[7, 8], [9, -1]]), torch.tensor([[1, 2, 3], [4, 5, 6]])).wait()
+else:
     first, second = ch.expect(1), ch.expect(2)  # returns at once
     time.sleep(1.5)  # computing; the rounds arrive meanwhile
     t0 = time.perf_counter()
     got = [first.wait().sampled.tolist(), second.wait().sampled.tolist()]
-    return time.perf_counter() - t0, got
+    out = [time.perf_counter() - t0, got]
+dist.barrier()
+print(json.dumps(out), flush=True)
+"""
+DELAY_MS = 30.0
 
 
 def test_a_receiver_posts_its_side_early_and_then_pays_no_wait():
-    results = run_ranks(_expected_rounds)
-    for r in results:
-        assert r.error is None and not r.hung, r.message
-    waited, got = results[0].value
+    from tests.delay_ranks import run_two_ranks
+
+    (waited, got), _ = run_two_ranks(EARLY_RECEIVE, "early", 235, DELAY_MS)
     assert got == [[[6, -1, -1, -1]], [[7, 8, -1, -1], [9, -1, -1, -1]]]
-    assert waited < 0.1, waited  # both rounds were already there
+    # Both rounds were already there: well under one one-way trip of the link.
+    assert waited < 0.5 * DELAY_MS / 1000, waited
 
 
 def _late_round(rank: int, world: int):
