@@ -47,7 +47,10 @@ def test_bounded_soak_sync_and_async(models, tmp_path):
         assert s["errors"] == 0 and s["hangs"] == 0, s
         assert s["greedy_identical"] == s["greedy"] > 150, s
         assert s["sampled_completed"] > 30, s
-        assert s["aborted"] > 15, s
+        # Aborts as the server counts them (a first token, never finished); an
+        # abort request may end before its client walks away (up to k + 1 tokens
+        # a step, 8-64 tokens a request).
+        assert 15 < s["aborted"] <= s["abort_planned"], s
         assert s["preemptions"] > 0, s
         assert s["acceptance"] is not None and s["acceptance"] > 0.9, s  # draft_copy: all accepted
     assert proc.returncode == 0, log[-6000:]

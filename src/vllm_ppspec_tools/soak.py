@@ -20,9 +20,10 @@ On the tiny local models (testing.tiny_models), over 127.0.0.1 with the
    by the client after a few tokens.
 
 Per mode it reports greedy outputs identical to the reference, errors, hangs
-(no answer within ``--request-timeout``), p50/p99 latency, and preemptions and
-acceptance read from ``/metrics``; writes all of it as JSON to ``--out``. Exits
-non-zero on any mismatch, error or hang.
+(no answer within ``--request-timeout``), p50/p99 latency, and preemptions,
+acceptance and the requests the server aborted read from ``/metrics``;
+writes all of it as JSON to ``--out``. Exits non-zero on any mismatch, error
+or hang.
 """
 
 from __future__ import annotations
@@ -123,7 +124,8 @@ def summarize(
         "sampled_completed": sum(
             1 for i, r in enumerate(reqs) if r["kind"] == "sampled" and got[i]["ok"]
         ),
-        "aborted": sum(1 for r in reqs if r["kind"] == "abort"),
+        "abort_planned": sum(1 for r in reqs if r["kind"] == "abort"),
+        "aborted": server_aborts(metrics),
         "errors": sum(1 for g in got if not g["ok"] and not g.get("hang")),
         "hangs": sum(1 for g in got if g.get("hang")),
         "first_errors": [g["error"] for g in got if not g["ok"]][:5],
@@ -132,6 +134,14 @@ def summarize(
         "preemptions": metrics.get("vllm:num_preemptions_total", 0.0),
         "acceptance": round(accepted / drafts, 3) if drafts else None,
     }
+
+
+def server_aborts(metrics: dict[str, float]) -> int:
+    """Requests the server started answering (a first token) but never finished:
+    the ones it aborted when their client went away, as its ``/metrics`` count
+    them. A request the server ran to its end counts in ``request_success``."""
+    started = metrics.get("vllm:time_to_first_token_seconds_count", 0.0)
+    return int(started - metrics.get("vllm:request_success_total", 0.0))
 
 
 def passed(s: dict[str, Any]) -> bool:
