@@ -10,8 +10,9 @@ is random (rejections).
 Oracle: the PP + MTP sequence must equal the PP=1 no-spec sequence, or first
 differ at a position where the PP=1 no-spec model's top-1/top-2 log-probability
 gap (its own logprobs on the identical prefix, i.e. teacher-forced) is within
-NEAR_TIE_NATS (0.5 nats, testing.tiny_hybrid). A divergence at a clear margin
-is a state bug and fails.
+NEAR_TIE_NATS (0.5 nats, testing.tiny_hybrid), in at most MAX_NEAR_TIES of a
+run's requests (each run logs its count). A divergence at a clear margin, or
+more near-ties, is a state bug and fails.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from vllm_ppspec_tools.fixtures.tiny_hybrid import (
     judge_divergences,
     reference_acceptance,
 )
+from vllm_ppspec_tools.fixtures.tiny_hybrid_rules import MAX_NEAR_TIES
 
 pytestmark = pytest.mark.e2e
 
@@ -77,11 +79,19 @@ def hybrid_baselines(hybrid):
 
 
 def judge(baseline: dict, outputs: list[list[int]]) -> tuple[list, list]:
-    """Return (forgiven, failures): first divergences within / beyond NEAR_TIE_NATS."""
+    """Return (forgiven, failures): first divergences within / beyond NEAR_TIE_NATS
+    (near-ties past MAX_NEAR_TIES fail too); logs how many were forgiven."""
     wanted = baseline["outputs"]
     gaps = baseline["top2_gaps"]
     rows = zip(wanted, outputs, gaps, strict=True)
-    return judge_divergences([(i, want, got, gap) for i, (want, got, gap) in enumerate(rows)])
+    forgiven, failures = judge_divergences(
+        [(i, want, got, gap) for i, (want, got, gap) in enumerate(rows)]
+    )
+    print(
+        f"NEAR-TIES: {len(forgiven)} of {len(outputs)} requests forgiven "
+        f"(at most {MAX_NEAR_TIES}): {forgiven}"
+    )
+    return forgiven, failures
 
 
 def _run(hybrid, fixture, pp, k, mode):
@@ -119,8 +129,10 @@ def test_hybrid_mtp_under_pp_keeps_state_on_every_rank(
     res = _run(hybrid, fixture, pp, k, mode)
     assert res.returncode == 0, res.log[-8000:]
     forgiven, failures = judge(hybrid_baselines(fixture), res.outputs)
-    assert not failures, f"divergence at a clear margin (request, position, gap): {failures}"
-    print(f"forgiven near-tie divergences: {forgiven}")
+    assert not failures, (
+        f"divergence at a clear margin, or near-ties past {MAX_NEAR_TIES} "
+        f"(request, position, gap): {failures}"
+    )
     spec = res.result["spec"]
     if fixture != "hybrid_random":
         assert 0 < spec["accepted"] < spec["drafts"], spec  # full and partial rounds
