@@ -35,9 +35,9 @@ Why one way: between hosts, what a round costs is the trips it needs. gloo
 sends a message once the receiver has posted its receive, so a receiver
 that posts it early (:meth:`RoundChannel.expect`, at the end of the step whose
 round it is) gets the round one one-way trip after the sender sent it. An
-``all_reduce`` (this module's protocol until 2026-12) needs both ranks' data
-both ways: about three one-way trips after the sender joined, even with the
-receiver's side posted early. vLLM #44697 reports ~25 ms of fixed cost per
+``all_reduce`` needs both ranks' data both ways: about three one-way trips
+after the sender joined, even with the receiver's side posted early. vLLM #44697
+reports ~25 ms of fixed cost per
 speculative round on slow links. A static size keeps it one message (a
 header, then a payload sized by it, would be two).
 

@@ -18,8 +18,10 @@ every step, whatever the mode:
 
 Which mode implements which: ``OFF`` none (this class); ``SYNC``
 (``sync_steps.SyncSteps``) ``before_update``, ``after_update``, ``sample``;
-``LANES`` (``lane_steps.LaneSteps``) all of them, its rebuilds being
-``SYNC``'s.
+``LANES`` (``lane_steps.LaneSteps``) all but ``shutdown``, its rebuilds being
+``SYNC``'s. ``shutdown`` is called by the plugin's workers when they shut
+down (``PPSpecRunnerMixin.ppspec_shutdown``); no mode holds anything to end
+there yet.
 """
 
 from __future__ import annotations

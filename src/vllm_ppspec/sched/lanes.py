@@ -1,7 +1,7 @@
 """The scheduler for PP + speculative decoding under async scheduling: lanes.
 
 vLLM's ``AsyncScheduler`` with one policy added. Under async scheduling the
-engine keeps PP + 1 batches in flight (``config_patches.batches_in_flight``),
+engine keeps PP + 1 batches in flight (``policy.batches_in_flight``),
 and each running request is pinned to a lane, ``step mod PP``: it is
 scheduled only in its lane's steps, so its next batch is scheduled PP steps
 after its previous one, while that one's output is still unprocessed (the
