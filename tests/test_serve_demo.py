@@ -15,6 +15,7 @@ import sys
 
 import pytest
 
+from tests.acceptance import check_acceptance
 from tests.conftest import MODELS_DIR
 from vllm_ppspec_tools import demo
 from vllm_ppspec_tools.fixtures import real_model
@@ -63,6 +64,16 @@ def test_demo_tiny_pp2_spec_matches_pp1_through_openai_api(models, method, mode)
     assert out.count("token ids MATCH PP=1 no-spec") == 4
     assert f"{mode} scheduling, no --worker-cls" in out
     assert "vllm-ppspec selected its worker: vllm_ppspec.worker.PPSpecWorker" in out
+    # The drafts the server counted, against what the drafter was planted for
+    # on the demo's requests (speculation really ran, and right).
+    m = re.search(r"draft tokens proposed: (\d+), accepted: (\d+)", out)
+    assert m, out[-3000:]
+    requests = [
+        {"prompt_token_ids": p, "max_tokens": n}
+        for p, n in zip(demo.TINY_PROMPTS, demo.TINY_MAX_TOKENS, strict=True)
+    ]
+    spec = {"drafts": int(m.group(1)), "accepted": int(m.group(2))}
+    check_acceptance(method, spec, requests=requests)
 
 
 def test_demo_falls_back_to_tiny_models_when_the_wheel_is_unavailable(models, monkeypatch, capsys):
