@@ -156,12 +156,8 @@ class PPSpecRunnerMixin:
             k=self.num_spec_tokens,
             fault=self._ppspec_faults,
             clocks=self.ppspec_clocks,
+            view=self._ppspec_view,
         )
-        if mode is Mode.LANES:
-            # Each step reaches vLLM's runner as sync scheduling would send it,
-            # so its sync path runs; rounds still travel from the last rank,
-            # one per step, completed PP steps later.
-            self._ppspec_view.run_sync_path()
         if self._ppspec_is_last:
             isolate_drafter(self.drafter)  # type: ignore[attr-defined]
         # Every PP rank, once, here, in this order on the PP gloo group: the

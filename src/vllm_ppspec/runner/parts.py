@@ -21,6 +21,7 @@ from vllm_ppspec.runner.clocks import Clocks
 from vllm_ppspec.runner.lane_steps import LaneSteps
 from vllm_ppspec.runner.steps import Steps
 from vllm_ppspec.runner.sync_steps import SyncSteps
+from vllm_ppspec.runner.view import RunnerView
 
 
 def check_engine_mode(vllm_config: Any, mode: Mode) -> None:
@@ -46,6 +47,7 @@ def build_steps(
     k: int,
     fault: faults.Faults,
     clocks: Clocks,
+    view: RunnerView,
 ) -> Steps:
     """The steps object of ``mode`` for PP rank ``pp.rank_in_group``."""
     if mode is Mode.OFF:
@@ -57,6 +59,10 @@ def build_steps(
     # PP rank agrees on the shape here: after it, posting never blocks.
     channel = RoundChannel(pp.cpu_group, pp.last_rank, capacity, k)
     channel.agree_shape()
+    # Each step reaches vLLM's runner as sync scheduling would send it, so its
+    # sync path runs; rounds still travel from the last rank, one per step,
+    # completed PP steps later.
+    view.run_sync_path()
     return LaneSteps(
         channel, pp.world_size, pp.rank_in_group, pp.is_last_rank, fault, clocks, rebuilds
     )
