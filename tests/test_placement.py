@@ -87,16 +87,28 @@ def test_ranks_on_one_host_watch_each_other_on_the_loopback():
 
 
 def test_the_remote_read_patch_is_installed_whatever_nnodes_says(monkeypatch):
-    """The engine core's plugin schedulers install it at ``nnodes == 1`` too:
-    it changes only readers vLLM made remote (``patches/remote_reads.py``)."""
+    """An engine core running a plugin scheduler installs it at its first
+    post_step, with ``nnodes == 1`` too: it changes only readers vLLM made
+    remote (``patches/remote_reads.py``); with vLLM's own scheduler it does not."""
     from types import SimpleNamespace
 
     from vllm.distributed.device_communicators.shm_broadcast import MessageQueue
+    from vllm.v1.engine.core import EngineCore
 
     from vllm_ppspec.patches import remote_reads
-    from vllm_ppspec.sched.filled import across_hosts
+    from vllm_ppspec.plugin import register
+    from vllm_ppspec.policy import Mode
 
+    register()
     original = getattr(MessageQueue.dequeue, "__wrapped__", MessageQueue.dequeue)
     monkeypatch.setattr(MessageQueue, "dequeue", original)
-    across_hosts(SimpleNamespace(parallel_config=SimpleNamespace(nnodes=1)))
+    engine = SimpleNamespace(
+        scheduler=SimpleNamespace(),  # vLLM's own scheduler
+        vllm_config=SimpleNamespace(parallel_config=SimpleNamespace(nnodes=1)),
+        check_for_draft_tokens=False,  # vLLM's own post_step then does nothing
+    )
+    EngineCore.post_step(engine, True)  # type: ignore[arg-type]
+    assert not getattr(MessageQueue.dequeue, remote_reads._FLAG, False)
+    engine.scheduler = SimpleNamespace(ppspec_mode=Mode.LANES)
+    EngineCore.post_step(engine, True)  # type: ignore[arg-type]
     assert getattr(MessageQueue.dequeue, remote_reads._FLAG, False)

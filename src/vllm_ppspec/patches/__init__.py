@@ -99,8 +99,10 @@ REGISTRY: tuple[Patch, ...] = (
             "queues down: a dead PP peer left /health at 200 and the requests hanging"
         ),
         how=(
-            "with --nnodes > 1 only: a remote reader polls in 0.1 s slices and raises "
-            "RuntimeError('cancelled') once its queue is shut down, as a local reader does"
+            "in an engine core running a plugin scheduler (installed from the post_step "
+            "wrapper), remote readers only, whatever --nnodes says: a remote reader polls "
+            "in 0.1 s slices and raises RuntimeError('cancelled') once its queue is shut "
+            "down, as a local reader does"
         ),
         upstream=(
             "none found for the remote reader's dequeue (related: vLLM #23985, errors of "

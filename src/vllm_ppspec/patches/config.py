@@ -34,10 +34,11 @@ itself under PP + spec when left at ``auto``, see ``__post_init__``):
   is refused. On vLLM 0.33, which refuses an explicit ``--async-scheduling``
   with PP on the V1 runner inside ``__post_init__`` itself, it lifts that
   refusal for PP + spec only (:mod:`.async_hold`).
-* ``EngineCore.post_step``: skipped with that scheduler. It would fetch the
-  latest drafts with a blocking call that waits for the batch to leave the
-  pipeline; the drafts come with the batch's output instead
-  (:mod:`vllm_ppspec.sched.draft_delivery`).
+* ``EngineCore.post_step``: skipped with the sync scheduler. It would fetch
+  the latest drafts with a blocking call that waits for the batch to leave
+  the pipeline; the drafts come with the batch's output instead
+  (:mod:`vllm_ppspec.sched.draft_delivery`). With either plugin scheduler it
+  also installs :mod:`.remote_reads` in the engine core, once.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ import functools
 from typing import Any
 
 from vllm_ppspec import WORKER_QUALNAME, policy
+from vllm_ppspec.patches import remote_reads
 from vllm_ppspec.patches.async_hold import hold_async, restore_async
 from vllm_ppspec.patches.worker_choice import (
     AUTO_ENV,
@@ -273,7 +275,13 @@ def _wrap_post_init(original: Any) -> Any:
 def _wrap_post_step(original: Any) -> Any:
     @functools.wraps(original)
     def wrapper(self: Any, model_executed: bool) -> None:
-        if getattr(self.scheduler, "ppspec_mode", None) is Mode.SYNC:
+        mode = getattr(self.scheduler, "ppspec_mode", None)
+        if mode is not None:
+            # This engine core runs a plugin scheduler: its reads of a remote
+            # worker's reply end when the executor shuts down (remote_reads.py;
+            # installed once, whatever --nnodes says).
+            remote_reads.install()
+        if mode is Mode.SYNC:
             return  # drafts come with each batch's output (draft_delivery)
         original(self, model_executed)
 

@@ -13,9 +13,12 @@ timeout instead (``MessageQueue.recv``, ``VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS``,
 :func:`install` wraps ``MessageQueue.dequeue``: a remote reader polls in
 slices of :data:`SLICE_S` and raises ``RuntimeError("cancelled")`` as soon as
 the queue is shut down, as a local reader does; once a message is there,
-vLLM's own ``dequeue`` reads it. Local readers are untouched. The engine core
-installs it when it builds a plugin scheduler (PP + spec with the plugin's
-worker), so it is in the process that runs the executor, and nowhere else.
+vLLM's own ``dequeue`` reads it. Local readers are untouched. The config
+patches' ``EngineCore.post_step`` wrapper installs it in an engine core that
+runs a plugin scheduler (PP + spec with the plugin's worker), so it is in the
+process that runs the executor, and nowhere else; whatever ``--nnodes`` says
+(vLLM keeps it at 1 under Ray, which places workers on several hosts), since
+only the readers vLLM made remote (``_is_remote_reader``) change.
 """
 
 from __future__ import annotations

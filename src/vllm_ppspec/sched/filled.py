@@ -62,18 +62,6 @@ class BatchesInFlight:
             self.now -= 1
 
 
-def across_hosts(vllm_config: Any) -> None:
-    """This engine core's reads of a remote worker's reply end when the
-    executor shuts down (patches/remote_reads.py). Installed whatever
-    ``--nnodes`` says (vLLM keeps it at 1 under Ray, which places ranks on
-    several hosts): the patch changes only the readers vLLM itself made
-    remote (``MessageQueue._is_remote_reader``), so it follows where the
-    workers actually are, and leaves local readers to vLLM."""
-    from vllm_ppspec.patches import remote_reads
-
-    remote_reads.install()
-
-
 class PPSpecScheduler(Scheduler):
     ppspec_mode = Mode.SYNC  # policy.scheduler_serves
 
@@ -81,7 +69,6 @@ class PPSpecScheduler(Scheduler):
         super().__init__(*args, **kwargs)
         self.ppspec_batches = BatchesInFlight()
         self.ppspec_depth = int(self.vllm_config.max_concurrent_batches)
-        across_hosts(self.vllm_config)
 
     def held_back(self) -> list[Any]:
         """Running requests left for a later batch (see the module docstring)."""

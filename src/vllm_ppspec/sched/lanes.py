@@ -36,7 +36,7 @@ from typing import Any
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 
 from vllm_ppspec.policy import Mode
-from vllm_ppspec.sched.filled import BatchesInFlight, across_hosts, schedule_without
+from vllm_ppspec.sched.filled import BatchesInFlight, schedule_without
 
 
 class PPSpecLaneScheduler(AsyncScheduler):
@@ -48,7 +48,6 @@ class PPSpecLaneScheduler(AsyncScheduler):
         self.ppspec_steps = 0  # schedule() calls: every one reaches the workers
         self.ppspec_lane_of: dict[str, int] = {}
         self.ppspec_batches = BatchesInFlight()
-        across_hosts(self.vllm_config)
 
     def lane_split(self, lane: int) -> tuple[list[Any], int]:
         """Running requests of other lanes, and how many waiting ones this step may admit."""
