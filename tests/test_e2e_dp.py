@@ -16,7 +16,9 @@ scenario below; requests are pinned to a DP rank with vLLM's
 * early: rank 0's request ends after 4 tokens, rank 1's runs on.
 
 Each request has a time bound; its greedy token ids must equal DP=1, PP=1
-without speculative decoding under vLLM's own worker (one reference server).
+without speculative decoding under vLLM's own worker (one reference server),
+and its draft counts on its DP engine must follow its drafter's planted rule
+(``planted_acceptance``).
 Shapes: DP=2 with ``draft_model`` (the drafter ``moe_copy`` is itself MoE, so
 the drafter's forwards run DP collectives too; sync) and ``eagle`` (a dense
 head; async); DP=2 x PP=2 with ``draft_model``, sync and async; and DP=2 x
@@ -100,20 +102,75 @@ def _complete(srv: Server, rank: int | None, prompt: list[int], n: int) -> tuple
     return token_ids(choice), secs
 
 
-def _finished_by_engine(srv: Server) -> dict[str, float]:
-    """``vllm:request_success_total`` per DP engine (its ``engine`` label)."""
+def _by_engine(srv: Server) -> dict[str, dict[str, float]]:
+    """Each counter this test reads, per DP engine (its ``engine`` label):
+    finished requests, draft tokens, accepted draft tokens."""
     import re
     import urllib.request
 
+    names = {
+        "vllm:request_success_total": "finished",
+        "vllm:spec_decode_num_draft_tokens_total": "drafts",
+        "vllm:spec_decode_num_accepted_tokens_total": "accepted",
+    }
     with urllib.request.urlopen(srv.base + "/metrics", timeout=10) as r:
         text = r.read().decode()
-    out: dict[str, float] = {}
+    out: dict[str, dict[str, float]] = {e: dict.fromkeys(names.values(), 0.0) for e in "01"}
     for line in text.splitlines():
-        if line.startswith("vllm:request_success_total{"):
+        name = line.split("{")[0]
+        if name in names:
             engine = re.search(r'engine="(\d+)"', line)
-            key = engine.group(1) if engine else "?"
-            out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+            counts = out.setdefault(engine.group(1) if engine else "?", {})
+            counts[names[name]] = counts.get(names[name], 0.0) + float(line.rsplit(" ", 1)[1])
     return out
+
+
+def planted_acceptance(
+    method: str, prompt: list[int], ref: list[int], n: int, margin: int
+) -> tuple[int, int]:
+    """(accepted, drafted) of one request of ``n`` tokens alone on its DP rank
+    when its drafter follows the rule it was planted with: ``moe_copy`` (the
+    target's own weights) drafts the target's next tokens (``ref``, its greedy
+    output, k + 1 tokens past ``n``), ``eagle`` drafts ``SUCC`` of the last
+    token. A round runs the drafter only while the input fits its
+    ``max_model_len`` (vLLM's ``_input_fits_in_drafter``: the step's longest
+    sequence + k <= 64); otherwise vLLM drafts k zeros, all rejected. That
+    sequence is the context but one token plus what the step carried beyond
+    it: ``margin`` K when every draft was accepted, up to 2 K with rejected
+    drafts, 3 K under async scheduling (a step scheduled ahead)."""
+    from vllm_ppspec_tools.fixtures.tiny_models import simulate_acceptance, successor_table
+
+    succ = successor_table()
+
+    def propose(ctx: list[int]) -> list[int]:
+        if len(ctx) - 1 + margin > DRAFTER_MAX_LEN:
+            return [0] * K
+        if method == "draft_moe":
+            done = len(ctx) - len(prompt)
+            return ref[done : done + K]
+        drafts: list[int] = []
+        for _ in range(K):
+            drafts.append(succ[(ctx + drafts)[-1]])
+        return drafts
+
+    return simulate_acceptance(list(prompt), ref, n, propose)
+
+
+def planted_verdict(
+    method: str, label: str, prompt: list[int], ref: list[int], n: int, got: dict
+) -> tuple[str, bool]:
+    """A request's draft counts on its DP engine against :func:`planted_acceptance`
+    with margins K to 3 K: (what was counted and planted, whether it is within)."""
+    (acc_hi, drafted_lo), (acc_lo, drafted_hi) = (
+        planted_acceptance(method, prompt, ref, n, margin) for margin in (K, 3 * K)
+    )
+    drafts, accepted = int(got["drafts"]), int(got["accepted"])
+    within = drafted_lo <= drafts <= drafted_hi and acc_lo <= accepted <= acc_hi
+    said = (
+        f"{label}: drafts {drafts}, accepted {accepted}; planted: drafts "
+        f"{drafted_lo}-{drafted_hi}, accepted {acc_lo}-{acc_hi}"
+    )
+    return said, within
 
 
 def _run_scenario(srv: Server, reqs: list[tuple[int | None, list[int], int]]):
@@ -123,17 +180,29 @@ def _run_scenario(srv: Server, reqs: list[tuple[int | None, list[int], int]]):
 
 @pytest.fixture(scope="module")
 def reference(models, tmp_path_factory) -> dict[str, list[list[int]]]:
-    """DP=1, PP=1, no speculative decoding, vLLM's own worker: one request at a time."""
+    """DP=1, PP=1, no speculative decoding, vLLM's own worker: one request at a
+    time, k + 1 tokens past each request's own (what a last round drafts)."""
     log_dir = tmp_path_factory.mktemp("dp-ref")
     srv = _start("dp1-ref", serve_args(models["moe"], "tiny", MAX_MODEL_LEN), cpu_env(1), log_dir)
     try:
         return {
-            name: [_complete(srv, None, p, n)[0] for _, p, n in reqs]
+            name: [_complete(srv, None, p, n + K + 1)[0] for _, p, n in reqs]
             for name, reqs in SCENARIOS.items()
         }
     finally:
         srv.stop()
 
+
+# Known bug, found 2026-12-02 by the acceptance check above: at DP=2 x PP=2
+# the copy drafter (moe_copy, every draft right at DP=2 x PP=1) has drafts
+# rejected whenever the other DP rank does not draft (idle, past the drafter's
+# length, finished). Sync: idle_rank 9 of 42 accepted (the rule: 18 of 18),
+# crossing rank 1 3 of 108 (30 of 30), early rank 1 0 of 141 (36 of 36), over
+# rank 0 21 of 24; async: idle_rank 18 of 24, crossing rank 1 31 of 33. The
+# tokens stay right (the target verifies); the same pattern as
+# KNOWN_DP_IDLE_DIVERGENCE below. The DP x PP shapes check every token first,
+# then xfail on the drafts, and fail the day the drafts follow the rule.
+KNOWN_DP_PP_ACCEPTANCE = "DP x PP with a MoE drafter: drafts off the rule while a DP rank idles"
 
 SHAPES = [
     # (dp, pp, method, async scheduling)
@@ -171,18 +240,27 @@ def test_dp_spec_scenarios_match_dp1_without_spec(
     started = time.monotonic() - t0
     try:
         timings = {}
+        verdicts = []  # each request's drafts against its drafter's planted rule
         for name, reqs in SCENARIOS.items():
-            before = _finished_by_engine(srv)
+            before = _by_engine(srv)
             outs = _run_scenario(srv, list(reqs))
-            after = _finished_by_engine(srv)
+            after = _by_engine(srv)
+            delta = {
+                e: {c: after[e][c] - before[e].get(c, 0.0) for c in after[e]} for e in ("0", "1")
+            }
             # Each request ran on the DP rank it was pinned to (rank 1 idle in idle_rank).
-            placed = {e: after.get(e, 0) - before.get(e, 0) for e in ("0", "1")}
+            placed = {e: delta[e]["finished"] for e in delta}
             assert placed == {e: sum(str(r) == e for r, _, _ in reqs) for e in placed}, placed
-            for (rank, prompt, _n), (ids, secs), want in zip(
+            for (rank, prompt, n), (ids, secs), want in zip(
                 reqs, outs, reference[name], strict=True
             ):
                 assert secs < REQUEST_BOUND_S
-                assert ids == want, f"{name}: rank {rank}, prompt len {len(prompt)}"
+                assert ids == want[:n], f"{name}: rank {rank}, prompt len {len(prompt)}"
+                # Its drafts, alone on its DP engine.
+                label = f"{name} rank {rank}"
+                verdicts.append(planted_verdict(method, label, prompt, want, n, delta[str(rank)]))
+            idle = {str(r) for r, _, _ in reqs} ^ {"0", "1"}
+            assert all(delta[e]["drafts"] == 0 for e in idle), delta
             timings[name] = round(max(s for _, s in outs), 1)
         log = srv.log_path.read_text()
         assert log.count("drafter runs agreed across DP") == dp, "DP agreement not installed"
@@ -196,8 +274,19 @@ def test_dp_spec_scenarios_match_dp1_without_spec(
         # Speculative decoding really ran (drafts were proposed and verified).
         assert metrics.get("vllm:spec_decode_num_draft_tokens_total", 0) > 0, metrics
         print(f"started in {started:.0f}s; slowest request per scenario {timings}")
+        print(
+            "\n".join(
+                f"ACCEPTANCE {said}: {'ok' if ok else 'OFF THE RULE'}" for said, ok in verdicts
+            )
+        )
     finally:
         srv.stop()
+    # Last, once the tokens and the rest held: the drafts follow the rule.
+    off_rule = [said for said, ok in verdicts if not ok]
+    if pp > 1:
+        assert off_rule, "the known DP x PP acceptance bug is gone: drop this branch"
+        pytest.xfail(f"known bug ({KNOWN_DP_PP_ACCEPTANCE}): {off_rule}")
+    assert not off_rule, off_rule
 
 
 def test_dp_disagreement_on_one_rank_stops_the_engine_within_the_bound(models, tmp_path):
@@ -365,6 +454,8 @@ def test_dp2_pp2_mtp_with_a_moe_mtp_layer_follows_the_planted_rule(models, tmp_p
         ]
         ref_rate = sum(a for a, _ in ref) / sum(d for _, d in ref)
         assert drafts > 0 and abs(accepted / drafts - ref_rate) <= 0.05, (ref_rate, metrics)
-        print(f"forgiven near-ties: {forgiven}; acceptance {accepted / drafts:.2f}")
+        print(
+            f"NEAR-TIES: {len(forgiven)} forgiven: {forgiven}; acceptance {accepted / drafts:.2f}"
+        )
     finally:
         srv.stop()
