@@ -1,0 +1,234 @@
+"""runner/peer_watch.py without an engine: descriptors above 1024, stray
+connections at set-up, the keepalive setting."""
+
+from __future__ import annotations
+
+import os
+import resource
+import socket
+import struct
+import threading
+import time
+
+import pytest
+
+from vllm_ppspec.runner import peer_watch
+
+# ----------------------------------------------------------------------------
+# More than 1024 descriptors (vLLM raises a worker's limit; select() cannot go there)
+# ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def over_1024_descriptors():
+    """This process holds more than 1024 descriptors (the soft limit raised
+    for the test, as vLLM raises a worker's); the next sockets get numbers
+    above 1024."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.fail(f"the hard descriptor limit is {hard}: the test needs 1200")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1030)]
+    try:
+        yield
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def _tcp_pair() -> tuple[socket.socket, socket.socket]:
+    """Two ends of one loopback TCP connection (the peer watch's kind)."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        one = socket.create_connection(listener.getsockname())
+        other, _ = listener.accept()
+    return one, other
+
+
+def test_a_dead_peer_is_seen_when_the_process_holds_over_1024_descriptors(
+    over_1024_descriptors,
+):
+    ours, theirs = _tcp_pair()
+    assert ours.fileno() > 1024, ours.fileno()
+    seen: list[tuple[int, str] | BaseException] = []
+
+    def watch() -> None:
+        try:
+            seen.append(peer_watch.first_gone({1: ours}))
+        except BaseException as e:  # noqa: BLE001 - select() raised ValueError here
+            seen.append(e)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    time.sleep(0.2)
+    theirs.close()  # what the kernel does when the peer process ends
+    thread.join(5)
+    assert seen == [(1, "its connection closed")]
+    ours.close()
+
+
+# ----------------------------------------------------------------------------
+# Set-up: only the lower ranks, each once, with its token, within the window
+# ----------------------------------------------------------------------------
+
+# The hello a lower rank sends when it connects: a magic, its rank, its token.
+HELLO = struct.Struct("!4sI16s")
+MAGIC = b"PPSW"
+TOKENS = {0: b"a" * 16, 1: b"b" * 16}
+
+
+def _hello(rank: int, token: bytes) -> bytes:
+    return HELLO.pack(MAGIC, rank, token)
+
+
+def test_the_hello_is_the_one_these_tests_send():
+    assert (peer_watch.HELLO.format, peer_watch.MAGIC) == (HELLO.format, MAGIC)
+
+
+STRAYS = {
+    "garbage": os.urandom(HELLO.size),
+    "an old 4-byte rank": struct.pack("!i", 0),
+    "a rank out of range": _hello(7, TOKENS[0]),
+    "the accepting rank itself": _hello(2, TOKENS[0]),
+    "rank 0 with rank 1's token": _hello(0, TOKENS[1]),
+    "closed before its hello": b"",
+    "half a hello, then closed": _hello(0, TOKENS[0])[:10],
+}
+
+
+def test_strays_are_closed_and_take_no_slot():
+    """Rank 2 of 3 accepts ranks 0 and 1. Strays connect first, and a second
+    rank 0 after the real one; each is closed, the real ranks get their slots."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    address = listener.getsockname()
+    clients = []
+    for payload in STRAYS.values():
+        stray = socket.create_connection(address)
+        if payload:
+            stray.sendall(payload)
+        else:
+            stray.shutdown(socket.SHUT_WR)
+        if payload == STRAYS["half a hello, then closed"]:
+            stray.shutdown(socket.SHUT_WR)
+        clients.append(stray)
+    silent = socket.create_connection(address)  # never says anything
+    rank0 = socket.create_connection(address)
+    rank0.sendall(_hello(0, TOKENS[0]))
+    time.sleep(0.2)  # the real rank 0 is in before the copy below
+    copy0 = socket.create_connection(address)
+    copy0.sendall(_hello(0, TOKENS[0]))
+    rank1 = socket.create_connection(address)
+    rank1.sendall(_hello(1, TOKENS[1]))
+    try:
+        got = peer_watch.accept_lower_ranks(listener, TOKENS, time.monotonic() + 10)
+        assert sorted(got) == [0, 1]
+        assert got[0].getpeername() == rank0.getsockname()
+        assert got[1].getpeername() == rank1.getsockname()
+        for stray in [*clients, silent, copy0]:
+            stray.settimeout(5)
+            assert stray.recv(1) == b"", "a stray connection was left open"
+    finally:
+        listener.close()
+        for sock in [*clients, silent, rank0, copy0, rank1]:
+            sock.close()
+
+
+def test_a_lower_rank_that_never_connects_fails_set_up_naming_it():
+    listener = socket.create_server(("127.0.0.1", 0))
+    rank0 = socket.create_connection(listener.getsockname())
+    rank0.sendall(_hello(0, TOKENS[0]))
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(TimeoutError, match=r"PP ranks \[1\] did not connect"):
+            peer_watch.accept_lower_ranks(listener, TOKENS, time.monotonic() + 1.0)
+        assert time.monotonic() - t0 < 3
+        rank0.settimeout(5)
+        assert rank0.recv(1) == b"", "rank 0's connection was kept after the failure"
+    finally:
+        listener.close()
+        rank0.close()
+
+
+def _set_up_with_strays(rank: int, world: int):
+    """Through connect_peers on gloo ranks: before rank 0 connects to rank 1,
+    strays connect to rank 1 and claim rank 0 (an old 4-byte hello, garbage,
+    a new hello without the token) or close at once."""
+    import torch.distributed as dist
+
+    group = dist.new_group(backend="gloo")
+    strays: list[socket.socket] = []
+    real = socket.create_connection
+
+    def create_connection(address, *args, **kwargs):
+        for payload in (struct.pack("!i", 0), b"\xff" * 24, _hello(0, TOKENS[0]), b""):
+            stray = real(address)
+            stray.sendall(payload)
+            strays.append(stray)
+        strays[-1].close()
+        return real(address, *args, **kwargs)
+
+    socket.create_connection = create_connection  # this rank's process only
+    peers = peer_watch.connect_peers(group, "127.0.0.1")
+    socket.create_connection = real
+    mine = {r: s.getsockname() for r, s in peers.items()}
+    theirs = {r: s.getpeername() for r, s in peers.items()}
+    everyone: list = [None] * world
+    dist.all_gather_object(everyone, (mine, theirs), group=group)
+    return sorted(peers), everyone
+
+
+def test_strays_at_set_up_do_not_take_a_rank_s_place():
+    from tests.distributed import run_ranks
+
+    results = run_ranks(_set_up_with_strays, world=2, timeout=60)
+    for r in results:
+        assert r.error is None and not r.hung, r.message
+    ranks0, everyone = results[0].value
+    ranks1, _ = results[1].value
+    assert ranks0 == [1] and ranks1 == [0]
+    (mine0, _), (_, theirs1) = everyone
+    # The connection rank 1 holds for rank 0 is the one rank 0 holds for rank 1.
+    assert theirs1[0] == mine0[1]
+
+
+# ----------------------------------------------------------------------------
+# Keepalive: one host-local setting
+# ----------------------------------------------------------------------------
+
+
+def _keepalive_of(sock: socket.socket) -> tuple[int, int, int, int]:
+    return (
+        sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE),
+        sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE),
+        sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL),
+        sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT),
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [(None, (1, 3, 1, 3)), ("6", (1, 3, 1, 3)), ("4", (1, 1, 1, 3)), ("20", (1, 11, 3, 3))],
+)
+def test_the_keepalive_bound_is_set_by_one_variable(monkeypatch, value, expected):
+    """VLLM_PPSPEC_PEER_KEEPALIVE_S: idle + 3 probes x interval = the value
+    (default 6: idle 3 s, 3 probes 1 s apart, as before)."""
+    if value is None:
+        monkeypatch.delenv("VLLM_PPSPEC_PEER_KEEPALIVE_S", raising=False)
+    else:
+        monkeypatch.setenv("VLLM_PPSPEC_PEER_KEEPALIVE_S", value)
+    one, other = _tcp_pair()
+    try:
+        peer_watch._keepalive(one)
+        got = _keepalive_of(one)
+        assert got[0] != 0 and got[1:] == expected[1:]
+        assert got[1] + got[2] * got[3] == int(value or 6)
+    finally:
+        one.close()
+        other.close()
+
+
+@pytest.mark.parametrize("value", ["3", "0", "-6", "six", "6.5"])
+def test_a_keepalive_bound_that_cannot_be_set_is_refused_naming_it(monkeypatch, value):
+    monkeypatch.setenv("VLLM_PPSPEC_PEER_KEEPALIVE_S", value)
+    with pytest.raises(ValueError, match=r"VLLM_PPSPEC_PEER_KEEPALIVE_S.*at least 4"):
+        peer_watch.keepalive_s()
