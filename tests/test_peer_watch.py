@@ -1,5 +1,6 @@
 """runner/peer_watch.py without an engine: descriptors above 1024, stray
-connections at set-up, the keepalive setting."""
+connections at set-up, the keepalive setting, and the goodbye of an orderly
+stop (two sockets of this process stand for two ranks)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import time
 
 import pytest
 
-from vllm_ppspec.runner import peer_watch
+from vllm_ppspec.runner import peer_watch, rank_errors
 
 # ----------------------------------------------------------------------------
 # More than 1024 descriptors (vLLM raises a worker's limit; select() cannot go there)
@@ -232,3 +233,164 @@ def test_a_keepalive_bound_that_cannot_be_set_is_refused_naming_it(monkeypatch, 
     monkeypatch.setenv("VLLM_PPSPEC_PEER_KEEPALIVE_S", value)
     with pytest.raises(ValueError, match=r"VLLM_PPSPEC_PEER_KEEPALIVE_S.*at least 4"):
         peer_watch.keepalive_s()
+
+
+# ----------------------------------------------------------------------------
+# The goodbye of an orderly stop (two sockets; no gloo)
+# ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def outcomes(monkeypatch):
+    """What the watch did: 'ended: ...' (end_worker) or 'stopped node'; it
+    blocks until one happens (or 2 s pass)."""
+    done: list[str] = []
+    event = threading.Event()
+
+    def end_worker(error, what):
+        done.append(f"ended: {what}: {error}")
+        event.set()
+
+    def stop_this_node(parent):
+        assert parent == os.getppid()
+        done.append("stopped node")
+        event.set()
+
+    monkeypatch.setattr(rank_errors, "end_worker", end_worker)
+    monkeypatch.setattr(peer_watch, "stop_this_node", stop_this_node)
+    monkeypatch.setattr(peer_watch, "SAME_EXECUTOR_GRACE_S", 0.2)
+
+    def wait(seconds: float = 2.0) -> list[str]:
+        event.wait(seconds)
+        return done
+
+    yield wait
+    for watch in peer_watch._WATCH:  # a thread left waiting acts on nothing after the test
+        watch.done = True
+
+
+def _watch(monkeypatch, headless: bool, same_executor=(), ranks=(0,), me: int = 1):
+    """This rank's watch over one socket pair per peer rank; returns the peers' ends."""
+    ours, theirs = {}, {}
+    for r in ranks:
+        ours[r], theirs[r] = socket.socketpair()
+    peers = peer_watch.Peers(me, ours, frozenset(same_executor))
+    monkeypatch.setattr(peer_watch, "connect_peers", lambda group, host: peers)
+    peer_watch.set_headless_node(headless)
+    try:
+        assert peer_watch.watch_pp_peers(None, "127.0.0.1") == sorted(ranks)
+    finally:
+        peer_watch.set_headless_node(False)
+    return theirs
+
+
+def test_a_goodbye_from_the_leader_stops_a_headless_node_with_one_info_line(
+    monkeypatch, outcomes, caplog
+):
+    theirs = _watch(monkeypatch, headless=True)
+    with caplog.at_level("INFO", logger="vllm.ppspec"):
+        theirs[0].sendall(peer_watch.GOODBYE)
+        theirs[0].close()
+        assert outcomes() == ["stopped node"]
+        time.sleep(0.3)
+    assert outcomes(0) == ["stopped node"], "the closed connection after it was reported"
+    lines = [r for r in caplog.records if "stopped in order" in r.getMessage()]
+    assert [(r.levelname, r.getMessage()) for r in lines] == [
+        (
+            "INFO",
+            "vllm-ppspec: PP rank 0 stopped in order (it said goodbye): "
+            "stopping this node's vLLM (PP rank 1)",
+        )
+    ]
+
+
+def test_a_killed_peer_without_a_goodbye_is_still_reported(monkeypatch, outcomes):
+    theirs = _watch(monkeypatch, headless=True)
+    theirs[0].close()  # SIGKILL: the kernel closes its sockets, nothing sent
+    assert outcomes() == ["ended: a PP peer died: PP rank 0: its connection closed"]
+
+
+def test_a_goodbye_to_the_leader_from_another_node_ends_it_naming_the_goodbye(
+    monkeypatch, outcomes
+):
+    """The leader cannot serve without that node: it ends as for a dead peer."""
+    theirs = _watch(monkeypatch, headless=False, ranks=(1,), me=0)
+    theirs[1].sendall(peer_watch.GOODBYE)
+    assert outcomes() == [
+        "ended: a PP peer stopped: PP rank 1: it stopped in order (it said goodbye)"
+    ]
+
+
+def test_a_goodbye_from_this_rank_s_own_executor_is_left_to_it(monkeypatch, outcomes):
+    """Rank 0 is this executor's and says goodbye: nothing happens; rank 2,
+    another node's, dies later: reported."""
+    theirs = _watch(monkeypatch, headless=False, same_executor=(0,), ranks=(0, 2))
+    theirs[0].sendall(peer_watch.GOODBYE)
+    theirs[0].close()
+    assert outcomes(0.5) == []
+    theirs[2].close()
+    assert outcomes() == ["ended: a PP peer died: PP rank 2: its connection closed"]
+
+
+def test_a_rank_that_says_goodbye_tells_every_peer_and_reports_nothing_after(monkeypatch, outcomes):
+    theirs = _watch(monkeypatch, headless=True, ranks=(0, 2))
+    peer_watch.say_goodbye()
+    peer_watch.say_goodbye()  # once only
+    for r in (0, 2):
+        theirs[r].settimeout(2)
+        assert theirs[r].recv(8) == peer_watch.GOODBYE
+        theirs[r].close()  # the peers stop too
+    assert outcomes(0.5) == []
+
+
+def test_after_its_goodbye_a_rank_still_ends_when_a_peer_of_its_executor_dies(
+    monkeypatch, outcomes
+):
+    """The executor stops this rank because rank 0 died (vLLM's monitor): its
+    own teardown would wait on the dead peer, so the rank still ends at once."""
+    theirs = _watch(monkeypatch, headless=False, same_executor=(0,), ranks=(0,))
+    peer_watch.say_goodbye()
+    theirs[0].settimeout(2)
+    assert theirs[0].recv(8) == peer_watch.GOODBYE
+    theirs[0].close()
+    assert outcomes() == ["ended: a PP peer died: PP rank 0: its connection closed"]
+
+
+def test_the_worker_says_goodbye_before_vllm_s_own_shutdown(monkeypatch):
+    from vllm_ppspec.runner import orderly_stop
+
+    calls: list[str] = []
+
+    class VllmWorker:
+        def shutdown(self):
+            calls.append("vLLM's shutdown")
+
+    class Worker(orderly_stop.StopsInOrder, VllmWorker):
+        pass
+
+    monkeypatch.setattr(peer_watch, "say_goodbye", lambda: calls.append("goodbye"))
+    Worker().shutdown()
+    assert calls == ["goodbye", "vLLM's shutdown"]
+
+
+@pytest.mark.parametrize(
+    ("backend", "node_rank", "nnodes", "headless"),
+    [
+        ("mp", 1, 2, True),
+        ("mp", 0, 2, False),
+        ("mp", 0, 1, False),
+        ("uni", 1, 2, False),
+    ],
+)
+def test_only_a_headless_mp_node_is_stopped_by_its_peers(backend, node_rank, nnodes, headless):
+    from vllm.config import ParallelConfig
+
+    from vllm_ppspec.runner import orderly_stop
+
+    config = ParallelConfig(
+        pipeline_parallel_size=2,
+        distributed_executor_backend=backend,
+        nnodes=nnodes,
+        node_rank=node_rank,
+    )
+    assert orderly_stop.headless_node(config) is headless

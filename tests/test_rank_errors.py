@@ -142,7 +142,8 @@ def test_the_watcher_ends_the_worker_and_uses_no_process_ids(monkeypatch):
     from vllm_ppspec.runner import peer_watch
 
     ours, theirs = socket.socketpair()
-    monkeypatch.setattr(peer_watch, "connect_peers", lambda group, host: {1: ours})
+    peers = peer_watch.Peers(0, {1: ours}, frozenset())
+    monkeypatch.setattr(peer_watch, "connect_peers", lambda group, host: peers)
     monkeypatch.setattr(os, "kill", lambda *a: pytest.fail("the watcher used a pid"))
     ended = threading.Event()
     seen: list[str] = []

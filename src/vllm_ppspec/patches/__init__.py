@@ -6,9 +6,9 @@ Two places, by when they apply:
   the general-plugin hook (:func:`vllm_ppspec.plugin.register`) before any
   config is built. Each wrapper calls vLLM's function unchanged unless the
   plugin's worker is selected.
-* ``worker``: inside the plugin's CPU worker, at ``init_device``, before the
-  runner and the distributed groups are built. vLLM's own worker never gets
-  them.
+* ``worker``: inside the plugin's worker (CPU; ``orderly_stop``'s on CPU
+  and GPU), at ``init_device``, before the runner and the distributed groups
+  are built. vLLM's own worker never gets them.
 * ``engine core``: in the engine core process, when it builds one of the
   plugin's schedulers (PP + spec with the plugin's worker).
 * ``runner``: inside the plugin's runner, on one object (a drafter instance:
@@ -109,6 +109,23 @@ REGISTRY: tuple[Patch, ...] = (
             "non-output ranks wait the RPC timeout; PR #58059, the same cancel for start-up "
             "waits); vllm/distributed/device_communicators/shm_broadcast.py"
         ),
+        remove_when="vLLM's remote MessageQueue reads end on shutdown",
+    ),
+    Patch(
+        module="vllm_ppspec.runner.orderly_stop",
+        when="worker",
+        targets=("vllm.distributed.device_communicators.shm_broadcast:MessageQueue.dequeue",),
+        why=(
+            "on a headless node the worker waits for the leader's next call in a remote "
+            "read that ignores its queue's shutdown: when a peer's goodbye stopped that "
+            "node in order, vLLM's executor waited 5 s, then SIGTERMed and SIGKILLed it"
+        ),
+        how=(
+            "the plugin's worker on a headless node (node_rank_within_dp > 0, mp executor) "
+            "installs patches/remote_reads.py at init_device: the read ends within 0.1 s "
+            "of the shutdown, as vLLM's own stop of a worker does"
+        ),
+        upstream="none found; vllm/distributed/device_communicators/shm_broadcast.py",
         remove_when="vLLM's remote MessageQueue reads end on shutdown",
     ),
     Patch(

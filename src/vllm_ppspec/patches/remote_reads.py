@@ -16,9 +16,13 @@ the queue is shut down, as a local reader does; once a message is there,
 vLLM's own ``dequeue`` reads it. Local readers are untouched. The config
 patches' ``EngineCore.post_step`` wrapper installs it in an engine core that
 runs a plugin scheduler (PP + spec with the plugin's worker), so it is in the
-process that runs the executor, and nowhere else; whatever ``--nnodes`` says
+process that runs the executor; whatever ``--nnodes`` says
 (vLLM keeps it at 1 under Ray, which places workers on several hosts), since
-only the readers vLLM made remote (``_is_remote_reader``) change.
+only the readers vLLM made remote (``_is_remote_reader``) change. The plugin's
+worker on a headless node installs it too
+(``runner/orderly_stop.py``): that worker reads each call of the leader's
+executor remotely, and when its own executor stops it in order the read ends
+instead of waiting for vLLM's SIGKILL.
 """
 
 from __future__ import annotations
@@ -49,7 +53,8 @@ def cancellable(original: Any) -> Any:
 
 
 def install() -> None:
-    """Idempotent; called by the plugin's schedulers in the engine core."""
+    """Idempotent; called in an engine core running a plugin scheduler and by
+    the plugin's worker on a headless node."""
     from vllm.distributed.device_communicators.shm_broadcast import MessageQueue
 
     if getattr(MessageQueue.dequeue, _FLAG, False):

@@ -11,6 +11,7 @@ counts, the DP agreement, fault switches. No module here imports vLLM."""
 # as it is, so that any two versions can compare their numbers.
 #   1: each round an all_reduce of every rank's side (no number was sent)
 #   2: each round one message, the last rank's isend to each other rank's irecv
-#   3: the peer watch gathers (host, port, token) and a connecting rank sends a
-#      hello (magic, its rank, its token), not its bare rank
+#   3: the peer watch gathers (host, port, token, executor) and a connecting
+#      rank sends a hello (magic, its rank, its token), not its bare rank; a
+#      rank that stops in order sends each peer one goodbye byte
 PROTOCOL = 3

@@ -9,10 +9,11 @@ import vllm_ppspec.runner.cpu as _cpu_runner  # runs the version guard first
 from vllm_ppspec.patches import cpu_eager, cpu_expand, cpu_moe, cpu_ngram_threads
 from vllm_ppspec.plugin import require_installed
 from vllm_ppspec.runner.clocks import WorkerClocks
+from vllm_ppspec.runner.orderly_stop import StopsInOrder
 from vllm_ppspec.runner.rank_errors import RankErrorsEndEngine
 
 
-class PPSpecCPUWorker(RankErrorsEndEngine, WorkerClocks, CPUWorker):
+class PPSpecCPUWorker(RankErrorsEndEngine, WorkerClocks, StopsInOrder, CPUWorker):
     def init_device(self) -> None:
         # With the patches installed, use_v2_model_runner is False for this
         # worker (or VLLM_USE_V2_MODEL_RUNNER=1 was refused already).

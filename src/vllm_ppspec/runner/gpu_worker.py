@@ -7,10 +7,11 @@ from vllm.v1.worker.gpu_worker import Worker  # noqa: E402
 from vllm_ppspec.plugin import require_installed
 from vllm_ppspec.runner.clocks import WorkerClocks
 from vllm_ppspec.runner.mixin import PPSpecGPUModelRunner  # runs the version guard first
+from vllm_ppspec.runner.orderly_stop import StopsInOrder
 from vllm_ppspec.runner.rank_errors import RankErrorsEndEngine
 
 
-class PPSpecGPUWorker(RankErrorsEndEngine, WorkerClocks, Worker):
+class PPSpecGPUWorker(RankErrorsEndEngine, WorkerClocks, StopsInOrder, Worker):
     def _make_model_runner(self) -> PPSpecGPUModelRunner:
         # With the patches installed, use_v2_model_runner is False for this
         # worker (or VLLM_USE_V2_MODEL_RUNNER=1 was refused already).

@@ -1,0 +1,52 @@
+"""A worker that vLLM stops in order says goodbye to its PP peers.
+
+vLLM stops a worker in order in two ways, and both end in the worker's
+``shutdown()`` (``WorkerProc.worker_main`` in
+vllm/v1/executor/multiproc_executor.py): its executor shuts down (it closes the
+worker's death pipe; the worker's busy loop ends), or the worker itself gets
+SIGINT or SIGTERM (a Ctrl-C reaches every process of the terminal's process
+group). :class:`StopsInOrder` sends the goodbye there, before vLLM's own
+clean-up (``peer_watch.say_goodbye``). A worker that is killed, or that the
+plugin ends (``rank_errors.end_worker``), says nothing: its peers report it gone.
+
+On a headless node (``vllm serve --headless``: ``node_rank_within_dp > 0``
+under the mp executor, which runs in that process, the workers its children),
+a peer's goodbye from another node sends SIGTERM to that process, as its admin
+would (``peer_watch``). vLLM's executor there then closes this worker's death
+pipe and waits for it. The worker waits for the leader's next call in a remote
+message-queue read that ignores the queue's shutdown, so this worker installs
+``patches/remote_reads.py`` on such a node: the read ends within 0.1 s, the
+worker leaves its busy loop as vLLM's own does when stopped, and the executor
+logs that every worker exited gracefully.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vllm_ppspec.runner import peer_watch
+
+
+def headless_node(parallel_config: Any) -> bool:
+    """This worker's executor is a headless ``vllm serve``'s (its parent process)."""
+    backend = parallel_config.distributed_executor_backend
+    return backend == "mp" and parallel_config.node_rank_within_dp > 0
+
+
+class StopsInOrder:
+    """Worker mixin: the node kind for the peer watch, and the goodbye."""
+
+    vllm_config: Any
+
+    def init_device(self) -> None:
+        headless = headless_node(self.vllm_config.parallel_config)
+        peer_watch.set_headless_node(headless)
+        if headless:
+            from vllm_ppspec.patches import remote_reads
+
+            remote_reads.install()
+        super().init_device()  # type: ignore[misc]
+
+    def shutdown(self) -> None:
+        peer_watch.say_goodbye()
+        super().shutdown()  # type: ignore[misc]
