@@ -10,6 +10,9 @@
   freed (no running request, KV cache usage back to 0) and the next greedy
   requests still give the model-free reference tokens.
 * An invalid ``--speculative-config`` under PP fails at start-up naming the field.
+* An orderly stop (a Ctrl-C; SIGTERM with ``--shutdown-timeout``), idle after
+  one request: every process gone within 15 s, vLLM's own exit status, no
+  error or traceback from the plugin or vLLM's executor.
 """
 
 from __future__ import annotations
@@ -27,13 +30,19 @@ import pytest
 
 from vllm_ppspec_tools.fixtures.run_offline import cpu_env
 from vllm_ppspec_tools.fixtures.server import (
+    STOP_BOUND_S,
+    STOPS,
+    VLLM_STOP_STATUS,
     Server,
     greedy_completion,
     health,
     openai_client,
     pp_spec_args,
     request_outcome,
+    send_stop,
     serve_args,
+    stop_args,
+    stop_noise,
     token_ids,
 )
 from vllm_ppspec_tools.fixtures.spec_configs import tiny_spec
@@ -181,6 +190,35 @@ def test_bad_requests_queues_and_disconnects_leave_the_server_serving(models, tm
         assert outs == [greedy_reference(p, 20) for p in again]
     finally:
         srv.stop()
+
+
+@pytest.mark.parametrize(("sig", "mode"), STOPS, ids=[f"{s}-{m}" for s, m in STOPS])
+def test_an_orderly_stop_is_quiet_and_quick(models, tmp_path, sig, mode):
+    """Idle after one request, then SIGINT to the server's process group (a
+    Ctrl-C: the workers get it too) or SIGTERM to its main process with
+    ``--shutdown-timeout`` (vLLM's executor stops the workers): every process
+    of the server is gone within 15 s, with vLLM's own exit status, and not
+    one error or traceback but the API server's own (the two workers stop
+    together: their goodbyes to each other change nothing)."""
+    srv = _start(models, tmp_path, f"stop-{sig}-{mode}", "draft_copy", *stop_args(sig, mode))
+    try:
+        prompt = [5, 6, 7]
+        assert _greedy(_client(srv), prompt, 16) == greedy_reference(prompt, 16)
+        time.sleep(1.0)  # idle
+        t_stop = time.monotonic()
+        send_stop(srv.proc.pid, sig)
+        code = srv.proc.wait(timeout=STOP_BOUND_S)
+        while _session_procs(srv.proc.pid):
+            assert time.monotonic() - t_stop < STOP_BOUND_S, _session_procs(srv.proc.pid)
+            time.sleep(0.1)
+        gone_after = time.monotonic() - t_stop
+    finally:
+        srv.stop()
+    log = srv.log_path.read_text()
+    assert code == VLLM_STOP_STATUS, log[-4000:]
+    assert stop_noise(log) == [], "\n".join(stop_noise(log)[:60])
+    assert "stopped in order" not in log, "one host has no other node to stop"
+    print(f"{sig}-{mode}: every process gone {gone_after:.1f} s after the signal")
 
 
 def test_invalid_speculative_config_under_pp_fails_at_start_up_naming_the_field(models):

@@ -25,14 +25,21 @@ from tests.test_e2e_hybrid import HYBRID, judge
 from tests.test_e2e_hybrid import REQUESTS as HYBRID_REQUESTS
 from tests.two_hosts import Pipeline, two_hosts
 from vllm_ppspec_tools.fixtures.server import (
+    STOP_BOUND_S,
+    STOPS,
+    VLLM_STOP_STATUS,
     greedy_completion,
     metrics,
     openai_client,
     request_outcome,
+    send_stop,
+    stop_args,
+    stop_noise,
     token_ids,
 )
 from vllm_ppspec_tools.fixtures.spec_configs import ALIASES, tiny_spec
 from vllm_ppspec_tools.fixtures.tiny_hybrid import build_hybrid
+from vllm_ppspec_tools.fixtures.tiny_models import greedy_reference
 
 pytestmark = pytest.mark.e2e
 
@@ -195,6 +202,51 @@ def test_hosts_started_differently_are_refused_on_both(hosts, models, tmp_path, 
     while hosts.nodes[0].vllm_pids() or hosts.nodes[1].vllm_pids():
         assert time.monotonic() - start < 90, "vLLM processes left on a host"
         time.sleep(0.5)
+
+
+GOODBYE_LINE = (
+    "vllm-ppspec: PP rank 0 stopped in order (it said goodbye): "
+    "stopping this node's vLLM (PP rank 1)"
+)
+
+
+@pytest.mark.parametrize(("sig", "mode"), STOPS, ids=[f"{s}-{m}" for s, m in STOPS])
+def test_an_orderly_stop_of_the_leader_ends_both_hosts_quietly(hosts, models, tmp_path, sig, mode):
+    """Host 0's ``vllm serve``, idle after one request, gets SIGINT on its
+    process group (a Ctrl-C) or SIGTERM with ``--shutdown-timeout``: its
+    worker says goodbye, host 1's worker logs one INFO line and stops its
+    headless ``vllm serve`` as SIGTERM would. Every process of both hosts is
+    gone within 15 s, both exit with vLLM's own status, and neither log has an
+    error or a traceback but host 0's API server's own."""
+    pipe = Pipeline(hosts, models, "draft_copy", tmp_path, *stop_args(sig, mode))
+    h0, h1 = hosts.nodes
+    try:
+        pipe.wait_ready()
+        client = openai_client(pipe.base, timeout=60)
+        prompt = [5, 6, 7]
+        got = token_ids(greedy_completion(client, "tiny", prompt, 16))
+        assert got == greedy_reference(prompt, 16)
+        time.sleep(1.0)  # idle
+        t_stop = time.monotonic()
+        send_stop(h0.root_pid(pipe.jobs[0].pid), sig)
+        while h0.vllm_pids() or h1.vllm_pids():
+            left = {0: h0.vllm_pids(), 1: h1.vllm_pids()}
+            assert time.monotonic() - t_stop < STOP_BOUND_S, f"left after 15 s: {left}"
+            time.sleep(0.1)
+        gone_after = time.monotonic() - t_stop
+        codes = [job.wait(timeout=5) for job in pipe.jobs]
+    finally:
+        pipe.stop()
+    logs = [p.read_text() for p in pipe.logs]
+    assert codes == [VLLM_STOP_STATUS, VLLM_STOP_STATUS], codes
+    for r, log in enumerate(logs):
+        assert stop_noise(log) == [], f"host {r}:\n" + "\n".join(stop_noise(log)[:60])
+    said = [line for line in logs[1].splitlines() if GOODBYE_LINE in line]
+    assert len(said) == 1 and " INFO " in said[0], said
+    assert GOODBYE_LINE not in logs[0]
+    # Host 1 ended through vLLM's own shutdown of a headless node.
+    assert "[shutdown] Executor: all workers exited gracefully" in logs[1]
+    print(f"{sig}-{mode}: both hosts empty {gone_after:.1f} s after the signal")
 
 
 def _worker_pid(log: str) -> int:
