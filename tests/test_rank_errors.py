@@ -158,3 +158,18 @@ def test_the_watcher_ends_the_worker_and_uses_no_process_ids(monkeypatch):
     theirs.close()  # what the kernel does when the peer process ends
     assert ended.wait(5), "the watcher did not notice the dead peer"
     assert seen == ["a PP peer died: PP rank 1: its connection closed"]
+
+
+def test_the_end_of_a_worker_is_logged_through_vllm_s_handler():
+    """An ERROR line with its traceback, in vLLM's format (the stop tests and
+    users grep for ERROR)."""
+    import logging
+
+    assert rank_errors.logger.name.startswith("vllm.")
+    assert logging.getLogger("vllm") in _ancestors(rank_errors.logger)
+
+
+def _ancestors(logger):
+    while logger is not None:
+        yield logger
+        logger = logger.parent

@@ -33,7 +33,10 @@ from vllm.logger import init_logger
 
 from vllm_ppspec.protocol.rounds import RoundDivergenceError
 
-logger = init_logger(__name__)
+# Under vLLM's "vllm" logger: its handler labels the line ERROR, with the
+# process and the traceback (a "vllm_ppspec..." logger has no handler, and
+# Python's last-resort one printed the bare message).
+logger = init_logger("vllm.ppspec")
 EXIT_CODE = 70  # EX_SOFTWARE
 
 
