@@ -79,25 +79,31 @@ def _check_drafter_layers(res, method: str) -> None:
         assert layers[-1]["target_layer_count"] == NUM_LAYERS, layers
 
 
+# The sampled-beside-greedy cases run on the eagle3 engines of CASES, after
+# their greedy requests (one start-up each instead of two).
+THEN = {"eagle3": [GREEDY_REQUESTS + SAMPLED_REQUESTS]}
+
+
 @pytest.fixture(scope="module")
-def pp1_spec_metrics(models):
-    """vLLM's own worker at PP=1 with spec: its counters, per method (cached)."""
+def pp1_spec_run(models):
+    """vLLM's own worker at PP=1 with spec, per method (cached)."""
     cache: dict[str, dict] = {}
 
     def get(method: str) -> dict:
         if method not in cache:
             target, spec = tiny_spec(models, method, K)
-            res = run_job(job(models[target], spec=spec, worker="stock"))
+            res = run_job(job(models[target], spec=spec, worker="stock", probe_remote_reads=True))
             assert res.returncode == 0, res.log[-6000:]
-            cache[method] = res.result["spec"]
+            cache[method] = res.result
         return cache[method]
 
     return get
 
 
-# The sampled-beside-greedy cases run on the eagle3 engines of CASES, after
-# their greedy requests (one start-up each instead of two).
-THEN = {"eagle3": [GREEDY_REQUESTS + SAMPLED_REQUESTS]}
+@pytest.fixture(scope="module")
+def pp1_spec_metrics(pp1_spec_run):
+    """The counters of ``pp1_spec_run`` over its greedy requests, per method."""
+    return lambda method: pp1_spec_run(method)["spec"]
 
 
 @pytest.fixture(scope="module")
@@ -235,8 +241,70 @@ def test_pp3_spec_matches_pp1_without_spec(models, baseline, method, mode):
         _check_drafter_layers(res, method)
 
 
+# Seeded sampled requests on the MoE target. The tiny dense targets sample
+# their greedy token at any temperature vLLM accepts (at most 2.0; their
+# top-1/top-2 logit gaps are 16-100), so a seed changes nothing there. The
+# MoE target's random experts leave entropy: at 2.0 its top-1 token has 0.82-
+# 0.87 of the mass on average. Each sampled prompt is also sent greedily.
+MOE_SAMPLED: list[dict] = [
+    {"prompt_token_ids": [12, 13, 14], "max_tokens": 25, "temperature": 2.0, "seed": 11},
+    {"prompt_token_ids": [200, 201], "max_tokens": 19, "temperature": 2.0, "seed": 12},
+    {
+        "prompt_token_ids": [7, 8],
+        "max_tokens": 17,
+        "temperature": 2.0,
+        "top_p": 0.9,
+        "top_k": 20,
+        "seed": 13,
+    },
+]
+MOE_GREEDY = [
+    {"prompt_token_ids": r["prompt_token_ids"], "max_tokens": r["max_tokens"]} for r in MOE_SAMPLED
+]
+
+
+@pytest.fixture(scope="module")
+def moe_sampled(models):
+    """``draft_moe`` on the MoE target: the greedy and the seeded sampled
+    requests together, at PP=1 or at PP=2 (then the sampled ones alone, a
+    second run on the same engine), with the plugin's worker. Cached.
+
+    At PP=1 the plugin's runner stays out (policy.Mode.OFF): vLLM's own
+    sampling, with the CPU worker's fix of vLLM's expand fallback
+    (patches/cpu_expand.py). vLLM's own worker cannot be the reference here:
+    its CPU rejection sampler reads unwritten top-k values (measured: PP=1 +
+    draft_model with these requests, "index 1877009520 is out of bounds for
+    dimension 1 with size 512" in apply_top_k_top_p). PP=1 runs sync: with
+    async scheduling the plugin's worker at PP=1 drafted nothing (0 drafts,
+    while vLLM's own worker drafts 114 of the greedy requests' 114; measured
+    2026-12-02), so its tokens were those of no speculation at all."""
+    cache: dict[str, dict] = {}
+
+    def get(mode: str) -> dict:
+        if mode not in cache:
+            target, spec = tiny_spec(models, "draft_moe", K)
+            pp1 = mode == "pp1"
+            res = run_job(
+                job(
+                    models[target],
+                    pp=1 if pp1 else 2,
+                    spec=spec,
+                    async_scheduling=not pp1 and mode == "async",
+                    requests=MOE_GREEDY + MOE_SAMPLED,
+                    then=[] if pp1 else [MOE_SAMPLED],
+                )
+            )
+            assert res.returncode == 0, res.log[-6000:]
+            cache[mode] = res.result
+        return cache[mode]
+
+    return get
+
+
 @pytest.mark.parametrize("mode", ["sync", "async"])
-def test_greedy_tokens_unchanged_beside_sampled_requests(models, baseline, pp2_run, mode):
+def test_greedy_tokens_unchanged_beside_sampled_requests(
+    models, baseline, pp2_run, moe_sampled, mode
+):
     """Greedy and sampled (temperature 1.0 / 0.8 with top-p and top-k) requests
     in the same speculative batches: the greedy ones keep PP=1's tokens.
 
@@ -245,6 +313,12 @@ def test_greedy_tokens_unchanged_beside_sampled_requests(models, baseline, pp2_r
     a sampled request (measured with vLLM's own worker at PP=1 too). Runs on
     the eagle3 engine of ``test_pp2_spec_matches_pp1_without_spec``, after its
     greedy requests.
+
+    Seeded sampled requests are reproducible (``moe_sampled``, where sampling
+    leaves the greedy tokens): the sampler and the rejection sampler run once,
+    on the last rank, with each request's own seeded generator, so a request's
+    tokens at PP=2 + spec are the same in a later batch of the same engine and
+    the same as at PP=1 with the same speculative config (vLLM's sampling).
     """
     res = pp2_run("eagle3", mode)
     assert res.returncode == 0, res.log[-8000:]
@@ -254,6 +328,16 @@ def test_greedy_tokens_unchanged_beside_sampled_requests(models, baseline, pp2_r
         assert len(out) == req["max_tokens"]
         assert all(0 <= t < 512 for t in out)
     assert beside["spec"]["drafts"] > 0
+
+    pp1, pp2 = moe_sampled("pp1"), moe_sampled(mode)
+    n = len(MOE_GREEDY)
+    greedy, sampled = pp2["outputs"][:n], pp2["outputs"][n:]
+    assert greedy == pp1["outputs"][:n]  # greedy beside sampled, MoE target
+    for out, want in zip(sampled, greedy, strict=True):
+        assert out != want, "a sampled request gave the greedy tokens: nothing was sampled"
+    assert pp2["then"][0]["outputs"] == sampled, "same seeds, a later batch: other tokens"
+    assert sampled == pp1["outputs"][n:], "same seeds, PP=1 with spec: other tokens"
+    assert pp2["spec"]["drafts"] > 0
 
 
 def test_ngram_with_async_scheduling_is_refused_clearly(models):
@@ -273,18 +357,25 @@ def test_stock_worker_still_fails_with_pp_and_spec(models):
     assert "has no attribute 'drafter'" in res.log
 
 
-def test_pp2_spec_without_worker_cls_selects_the_plugin_and_matches_pp1(models, baseline):
+def test_pp2_spec_without_worker_cls_selects_the_plugin_and_matches_pp1(
+    models, baseline, pp1_spec_run
+):
     """No ``worker_cls`` at all (vLLM's ``auto``): the plugin's hook selects its
-    worker, says so once, and the tokens are PP=1's."""
+    worker, says so once, and the tokens are PP=1's. The engine core running
+    the plugin's scheduler (here the job's process) installed the cancellable
+    remote read (patches/remote_reads.py: ``install()`` from its post_step);
+    one running vLLM's own scheduler (PP=1, vLLM's worker) left vLLM's alone."""
     from vllm_ppspec.patches.config import AUTO_NOTICE
 
     target, spec = tiny_spec(models, "draft_copy", K)
-    res = run_job(job(models[target], pp=2, spec=spec, worker="auto"))
+    res = run_job(job(models[target], pp=2, spec=spec, worker="auto", probe_remote_reads=True))
     assert res.returncode == 0, res.log[-8000:]
     assert res.outputs == baseline[target]
     assert AUTO_NOTICE in res.log
     assert res.log.count(f"speculative method draft_model, k={K}, sync scheduling") == 2
     check_acceptance("draft_copy", res.result["spec"])
+    assert res.result["probes"]["remote_reads"] is True, "remote_reads.install() not reached"
+    assert pp1_spec_run("mtp")["probes"]["remote_reads"] is False
 
 
 def test_pp2_compile_mode_with_warmup_dummy_runs(models, baseline):
