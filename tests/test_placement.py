@@ -50,10 +50,16 @@ def _run(cmds: list[list[str]], envs: list[dict[str, str]]) -> list[dict]:
         for cmd, env in zip(cmds, envs, strict=True)
     ]
     results = []
-    for p in procs:
-        out, err = p.communicate(timeout=120)
-        assert p.returncode == 0, err[-3000:]
-        results.append(json.loads(out.strip().splitlines()[-1]))
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=120)
+            assert p.returncode == 0, err[-3000:]
+            results.append(json.loads(out.strip().splitlines()[-1]))
+    finally:
+        for p in procs:  # a failed rank leaves the other waiting: end it
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     return results
 
 

@@ -315,3 +315,23 @@ def test_vllm_marks_llama_but_not_qwen3_next_as_shipping_aux_states_over_pp():
 
     assert LlamaModel.supports_aux_hidden_states_over_pp
     assert not getattr(Qwen3NextModel, "supports_aux_hidden_states_over_pp", False)
+
+
+def test_the_worker_s_shutdown_reaches_the_mode_s_steps(monkeypatch):
+    """StopsInOrder.shutdown: the goodbye, then the steps' shutdown hook, then vLLM's."""
+    from vllm_ppspec.runner import orderly_stop, peer_watch
+
+    said: list[str] = []
+    monkeypatch.setattr(peer_watch, "say_goodbye", lambda: said.append("goodbye"))
+
+    class VllmWorker:
+        def shutdown(self):
+            said.append("vllm")
+
+    class Worker(orderly_stop.StopsInOrder, VllmWorker):
+        pass
+
+    worker = Worker()
+    worker.model_runner = SimpleNamespace(ppspec_shutdown=lambda: said.append("steps"))
+    worker.shutdown()
+    assert said == ["goodbye", "steps", "vllm"]

@@ -49,4 +49,7 @@ class StopsInOrder:
 
     def shutdown(self) -> None:
         peer_watch.say_goodbye()
+        runner = getattr(self, "model_runner", None)
+        if runner is not None and hasattr(runner, "ppspec_shutdown"):
+            runner.ppspec_shutdown()  # the mode's steps (steps.Steps.shutdown)
         super().shutdown()  # type: ignore[misc]
