@@ -13,17 +13,10 @@ first.
 
 from __future__ import annotations
 
-import json
-import os
 import statistics
-import subprocess
-import sys
-from pathlib import Path
 
-from vllm_ppspec_tools.hosts.delay_line import delay_link
-from vllm_ppspec_tools.hosts.netns import bare_hosts
+from tests.delay_ranks import run_two_ranks
 
-REPO = Path(__file__).resolve().parent.parent
 DELAY_MS = 30.0
 ROUNDS = 8
 
@@ -53,29 +46,8 @@ print(json.dumps(out), flush=True)
 
 
 def test_a_posted_round_arrives_one_one_way_trip_after_it_was_sent():
-    env = {**os.environ, "PYTHONPATH": f"{REPO / 'src'}:{REPO}"}
-    with bare_hosts("round", prefix="pr", net=234) as (a, b):
-        with delay_link(a.netns, a.ifname, a.addr, b.netns, b.ifname, b.addr, DELAY_MS):
-            ranks = [
-                subprocess.Popen(
-                    host.cmd(sys.executable, "-c", RANK, str(rank), a.addr, str(ROUNDS)),
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    text=True,
-                    env={**env, "GLOO_SOCKET_IFNAME": host.ifname},
-                )
-                for rank, host in enumerate((a, b))
-            ]
-            outs = []
-            try:
-                for proc in ranks:
-                    out, err = proc.communicate(timeout=90)
-                    assert proc.returncode == 0, err[-2000:]
-                    outs.append(out)
-            finally:
-                for proc in ranks:
-                    proc.kill()
-    travel_ms = [1000 * t for t in json.loads(outs[0].strip().splitlines()[-1])]
+    travel, _ = run_two_ranks(RANK, "round", 234, DELAY_MS, str(ROUNDS))
+    travel_ms = [1000 * t for t in travel]
     median = statistics.median(travel_ms)
     print(f"one-way {DELAY_MS} ms: round travel wait median {median:.1f} ms, all {travel_ms}")
     assert len(travel_ms) == ROUNDS
