@@ -11,13 +11,12 @@ the root namespace use the loopback.
 
 from __future__ import annotations
 
-import json
 import os
 import socket
-import subprocess
 import sys
 from pathlib import Path
 
+from tests.delay_ranks import run_json_ranks
 from vllm_ppspec_tools.hosts.netns import veth_hosts
 
 REPO = Path(__file__).resolve().parent.parent
@@ -44,29 +43,10 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _run(cmds: list[list[str]], envs: list[dict[str, str]]) -> list[dict]:
-    procs = [
-        subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for cmd, env in zip(cmds, envs, strict=True)
-    ]
-    results = []
-    try:
-        for p in procs:
-            out, err = p.communicate(timeout=120)
-            assert p.returncode == 0, err[-3000:]
-            results.append(json.loads(out.strip().splitlines()[-1]))
-    finally:
-        for p in procs:  # a failed rank leaves the other waiting: end it
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    return results
-
-
 def _env(**extra: str) -> dict[str, str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO), **extra}
-    env.pop("VLLM_HOST_IP", None)
-    return {**env, **extra}
+    """This environment without VLLM_HOST_IP, with the repository and ``extra``."""
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_HOST_IP"}
+    return {**env, "PYTHONPATH": str(REPO), **extra}
 
 
 def test_ranks_on_two_hosts_watch_each_other_on_their_own_addresses():
@@ -77,7 +57,7 @@ def test_ranks_on_two_hosts_watch_each_other_on_their_own_addresses():
             own_shm = f'mount -t tmpfs tmpfs /dev/shm && exec {sys.executable} -c "$0" $@'
             cmds.append(host.cmd("unshare", "--mount", "sh", "-c", own_shm, RANK, str(rank), init))
         envs = [_env(VLLM_HOST_IP=h.addr, GLOO_SOCKET_IFNAME=h.ifname) for h in (a, b)]
-        r0, r1 = _run(cmds, envs)
+        r0, r1 = run_json_ranks(cmds, envs, timeout=120)
     assert (r0["one_host"], r1["one_host"]) == (False, False)
     assert (r0["host"], r1["host"]) == (a.addr, b.addr)
     assert (r0["peers"], r1["peers"]) == ([1], [0])
@@ -86,7 +66,7 @@ def test_ranks_on_two_hosts_watch_each_other_on_their_own_addresses():
 def test_ranks_on_one_host_watch_each_other_on_the_loopback():
     init = f"tcp://127.0.0.1:{_free_port()}"
     cmds = [[sys.executable, "-c", RANK, str(rank), init] for rank in (0, 1)]
-    r0, r1 = _run(cmds, [_env(), _env()])
+    r0, r1 = run_json_ranks(cmds, [_env(), _env()], timeout=120)
     assert (r0["one_host"], r1["one_host"]) == (True, True)
     assert r0["host"] == r1["host"] == "127.0.0.1"
     assert (r0["peers"], r1["peers"]) == ([1], [0])
