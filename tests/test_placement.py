@@ -88,6 +88,7 @@ def test_the_remote_read_patch_is_installed_whatever_nnodes_says(monkeypatch):
     register()
     original = getattr(MessageQueue.dequeue, "__wrapped__", MessageQueue.dequeue)
     monkeypatch.setattr(MessageQueue, "dequeue", original)
+    monkeypatch.setattr(remote_reads, "installed", False)
     engine = SimpleNamespace(
         scheduler=SimpleNamespace(),  # vLLM's own scheduler
         vllm_config=SimpleNamespace(parallel_config=SimpleNamespace(nnodes=1)),

@@ -276,7 +276,7 @@ def _wrap_post_step(original: Any) -> Any:
     @functools.wraps(original)
     def wrapper(self: Any, model_executed: bool) -> None:
         mode = getattr(self.scheduler, "ppspec_mode", None)
-        if mode is not None:
+        if mode is not None and not remote_reads.installed:
             # This engine core runs a plugin scheduler: its reads of a remote
             # worker's reply end when the executor shuts down (remote_reads.py;
             # installed once, whatever --nnodes says).

@@ -52,11 +52,17 @@ def cancellable(original: Any) -> Any:
     return dequeue
 
 
+# Whether this process installed it (read every engine step: no import there).
+installed = False
+
+
 def install() -> None:
     """Idempotent; called in an engine core running a plugin scheduler and by
     the plugin's worker on a headless node."""
     from vllm.distributed.device_communicators.shm_broadcast import MessageQueue
 
+    global installed
+    installed = True
     if getattr(MessageQueue.dequeue, _FLAG, False):
         return
     MessageQueue.dequeue = cancellable(MessageQueue.dequeue)  # type: ignore[method-assign]
