@@ -240,6 +240,12 @@ EXPLAINED_DRIFT: dict[str, dict[str, str]] = {
             "which the plugin's schedulers call, so blocks of a batch still in the "
             "pipeline are not cached"
         ),
+        "vllm.v1.worker.gpu_worker:Worker.init_device": (
+            "the local GPU index now comes from parallel_config.get_local_gpu_index, and "
+            "cuBLAS handles are made before the memory snapshot (CUDA only); the plugin's "
+            "wrapper (runner/orderly_stop.StopsInOrder.init_device) only records the node "
+            "kind and installs the remote-read patch before calling it unchanged"
+        ),
         "vllm.config.vllm:VllmConfig.__post_init__": (
             "an explicit --async-scheduling with PP > 1 on the V1 runner now raises here, "
             "before the platform hook: patches.async_hold lifts that refusal alone, for PP + "
