@@ -29,6 +29,9 @@ MODELS_DIR = Path(os.environ.get("PPSPEC_MODELS_DIR", REPO / ".cache" / "models"
 # passes PPSPEC_VLLM_START=spawn in its job's or server's environment.
 os.environ.setdefault("PPSPEC_VLLM_START", "fork")
 
+# The PP=1 references several files compare against, made once per run.
+pytest_plugins = ["tests.references"]
+
 
 @pytest.fixture(scope="session")
 def models() -> dict[str, str]:

@@ -19,63 +19,16 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import MODELS_DIR
 from tests.engine_jobs import job, run_job
+from tests.references import HYBRID
+from tests.references import HYBRID_REQUESTS as REQUESTS
 from vllm_ppspec_tools.fixtures.tiny_hybrid import (
-    build_hybrid,
-    greedy_reference,
     judge_divergences,
     reference_acceptance,
 )
 from vllm_ppspec_tools.fixtures.tiny_hybrid_rules import MAX_NEAR_TIES
 
 pytestmark = pytest.mark.e2e
-
-PROMPTS = [
-    [444],
-    [5, 6, 7, 8, 9],
-    [100 + (7 * i) % 300 for i in range(17)],
-    [3 + (11 * i) % 500 for i in range(40)],
-    [20 + (13 * i) % 480 for i in range(90)],
-    [7 + (5 * i) % 490 for i in range(33)],
-]
-MAX_TOKENS = [48, 64, 52, 49, 57, 61]  # all >= 48, ending inside speculative rounds
-REQUESTS = [
-    {"prompt_token_ids": p, "max_tokens": n, "logprobs": 2}
-    for p, n in zip(PROMPTS, MAX_TOKENS, strict=True)
-]
-# Four sequences at a time: the last two join when earlier ones finish.
-HYBRID = {
-    "dtype": "bfloat16",
-    "enable_prefix_caching": False,
-    "max_num_seqs": 4,
-    "max_num_batched_tokens": None,
-}
-
-
-@pytest.fixture(scope="module")
-def hybrid(models):
-    return build_hybrid(MODELS_DIR)
-
-
-@pytest.fixture(scope="module")
-def hybrid_baselines(hybrid):
-    """PP=1 no-spec runs (vLLM's own worker), one per target, made on first use."""
-    cache: dict[str, dict] = {}
-
-    def get(fixture: str) -> dict:
-        # hybrid_random shares hybrid_copy's target weights (only mtp.* differ).
-        target = "hybrid_copy" if fixture == "hybrid_random" else fixture
-        if target not in cache:
-            res = run_job(job(hybrid[target], worker="stock", requests=REQUESTS, **HYBRID))
-            assert res.returncode == 0, res.log[-6000:]
-            # The model-free rule the fixtures were built to follow; guards them.
-            for req, out in zip(REQUESTS, res.outputs, strict=True):
-                assert out == greedy_reference(req["prompt_token_ids"], req["max_tokens"])
-            cache[target] = res.result
-        return cache[target]
-
-    return get
 
 
 def judge(baseline: dict, outputs: list[list[int]]) -> tuple[list, list]:
@@ -123,12 +76,10 @@ CASES = [
 
 
 @pytest.mark.parametrize("fixture,pp,k,mode", CASES)
-def test_hybrid_mtp_under_pp_keeps_state_on_every_rank(
-    hybrid, hybrid_baselines, fixture, pp, k, mode
-):
+def test_hybrid_mtp_under_pp_keeps_state_on_every_rank(hybrid, hybrid_pp1, fixture, pp, k, mode):
     res = _run(hybrid, fixture, pp, k, mode)
     assert res.returncode == 0, res.log[-8000:]
-    forgiven, failures = judge(hybrid_baselines(fixture), res.outputs)
+    forgiven, failures = judge(hybrid_pp1(fixture), res.outputs)
     assert not failures, (
         f"divergence at a clear margin, or near-ties past {MAX_NEAR_TIES} "
         f"(request, position, gap): {failures}"
@@ -154,12 +105,12 @@ def test_hybrid_mtp_under_pp_keeps_state_on_every_rank(
         assert spec["accepted"] < spec["drafts"] // 4, spec
 
 
-def test_oracle_has_teeth_without_the_non_last_state_update(hybrid, hybrid_baselines, monkeypatch):
+def test_oracle_has_teeth_without_the_non_last_state_update(hybrid, hybrid_pp1, monkeypatch):
     """Switching off the non-last ranks' accepted-count replay must fail the oracle."""
     monkeypatch.setenv("VLLM_PPSPEC_FAULT_SKIP_STATE_REPLAY", "1")
     res = _run(hybrid, "hybrid_copy", 2, 3, "sync")
     assert res.returncode == 0, res.log[-8000:]
-    _, failures = judge(hybrid_baselines("hybrid_copy"), res.outputs)
+    _, failures = judge(hybrid_pp1("hybrid_copy"), res.outputs)
     assert failures, "outputs stayed correct without the state replay: the test has no teeth"
 
 

@@ -24,20 +24,9 @@ K = 3
 
 
 @pytest.fixture(scope="module")
-def baseline(models):
-    """PP=1, no speculative decoding, vLLM's own worker: the oracle."""
-    from vllm_ppspec_tools.fixtures.tiny_models import greedy_reference
-
-    # The baselines are themselves pinned to the model-free rule both models
-    # were planted with, so a broken fixture or oracle cannot pass unnoticed.
-    planted = [greedy_reference(r["prompt_token_ids"], r["max_tokens"]) for r in GREEDY_REQUESTS]
-    out = {}
-    for name in ("target", "mimo"):
-        res = run_job(job(models[name], worker="stock"))
-        assert res.returncode == 0, res.log[-6000:]
-        assert res.outputs == planted, name
-        out[name] = res.outputs
-    return out
+def baseline(pp1_greedy):
+    """PP=1, no speculative decoding, vLLM's own worker: the oracle (tests/references.py)."""
+    return pp1_greedy
 
 
 CASES = [
