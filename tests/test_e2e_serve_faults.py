@@ -10,7 +10,7 @@
   freed (no running request, KV cache usage back to 0) and the next greedy
   requests still give the model-free reference tokens.
 * An invalid ``--speculative-config`` under PP fails at start-up naming the field.
-* An orderly stop (a Ctrl-C; SIGTERM with ``--shutdown-timeout``), idle after
+* An orderly stop (a Ctrl-C; a plain SIGTERM, vLLM's default timeout), idle after
   one request: every process gone within 15 s, vLLM's own exit status, no
   error or traceback from the plugin or vLLM's executor.
 """
@@ -195,8 +195,9 @@ def test_bad_requests_queues_and_disconnects_leave_the_server_serving(models, tm
 @pytest.mark.parametrize(("sig", "mode"), STOPS, ids=[f"{s}-{m}" for s, m in STOPS])
 def test_an_orderly_stop_is_quiet_and_quick(models, tmp_path, sig, mode):
     """Idle after one request, then SIGINT to the server's process group (a
-    Ctrl-C: the workers get it too) or SIGTERM to its main process with
-    ``--shutdown-timeout`` (vLLM's executor stops the workers): every process
+    Ctrl-C: the workers get it too) or SIGTERM to its main process at vLLM's
+    default ``--shutdown-timeout 0`` (vLLM kills the engine core's process
+    tree, workers together; on one host the plugin adds no window): every process
     of the server is gone within 15 s, with vLLM's own exit status, and not
     one error or traceback but the API server's own (the two workers stop
     together: their goodbyes to each other change nothing)."""

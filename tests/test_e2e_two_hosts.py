@@ -18,11 +18,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from tests.acceptance import K, check_acceptance
-from tests.conftest import MODELS_DIR
-from tests.engine_jobs import GREEDY_REQUESTS, job, run_job
+from tests.engine_jobs import GREEDY_REQUESTS
 from tests.netns import link_down
-from tests.test_e2e_hybrid import HYBRID, judge
-from tests.test_e2e_hybrid import REQUESTS as HYBRID_REQUESTS
+from tests.references import HYBRID_REQUESTS
+from tests.test_e2e_hybrid import judge
 from tests.two_hosts import Pipeline, two_hosts
 from vllm_ppspec_tools.fixtures.server import (
     STOP_BOUND_S,
@@ -38,7 +37,6 @@ from vllm_ppspec_tools.fixtures.server import (
     token_ids,
 )
 from vllm_ppspec_tools.fixtures.spec_configs import ALIASES, tiny_spec
-from vllm_ppspec_tools.fixtures.tiny_hybrid import build_hybrid
 from vllm_ppspec_tools.fixtures.tiny_models import greedy_reference
 
 pytestmark = pytest.mark.e2e
@@ -51,17 +49,6 @@ SHM_OFF = "CPU SHM communicator disabled for group pp"
 def hosts():
     with two_hosts("e2e") as h:
         yield h
-
-
-@pytest.fixture(scope="module")
-def pp1_reference(models):
-    """PP=1 without speculation, vLLM's own worker, one host: the oracle."""
-    out = {}
-    for name in ("target", "mimo"):
-        res = run_job(job(models[name], worker="stock"))
-        assert res.returncode == 0, res.log[-6000:]
-        out[name] = res.outputs
-    return out
 
 
 def spec_counts(base: str) -> dict[str, int]:
@@ -95,8 +82,9 @@ CASES = [
 
 
 @pytest.mark.parametrize(("drafter", "mode"), CASES, ids=[f"{d}-{m}" for d, m in CASES])
-def test_pp2_across_two_hosts_matches_pp1(hosts, models, pp1_reference, tmp_path, drafter, mode):
+def test_pp2_across_two_hosts_matches_pp1(hosts, models, pp1_greedy, tmp_path, drafter, mode):
     target, _ = tiny_spec(models, drafter, K)
+    want = pp1_greedy[target]  # before this test's engines start
     extra = ["--async-scheduling"] if mode == "async" else []
     pipe = Pipeline(hosts, models, drafter, tmp_path, "--max-num-batched-tokens", "64", *extra)
     try:
@@ -105,7 +93,7 @@ def test_pp2_across_two_hosts_matches_pp1(hosts, models, pp1_reference, tmp_path
         counts = spec_counts(pipe.base)
     finally:
         pipe.stop()
-    assert got == pp1_reference[target]
+    assert got == want
     check_acceptance(ALIASES.get(drafter, drafter), counts)
     logs = [p.read_text() for p in pipe.logs]
     for r, log in enumerate(logs):
@@ -115,31 +103,16 @@ def test_pp2_across_two_hosts_matches_pp1(hosts, models, pp1_reference, tmp_path
         assert f"vllm-ppspec: PP rank {r}/2" in log, f"host {r}: the plugin's runner did not start"
 
 
-@pytest.fixture(scope="module")
-def hybrid_target(models):
-    return build_hybrid(MODELS_DIR)["hybrid_copy"]
-
-
-@pytest.fixture(scope="module")
-def hybrid_baseline(hybrid_target):
-    """PP=1 without speculation, vLLM's own worker, bf16, one host (with the
-    top-1/top-2 gaps the near-tie oracle needs: tests/test_e2e_hybrid.py)."""
-    res = run_job(job(hybrid_target, worker="stock", requests=HYBRID_REQUESTS, **HYBRID))
-    assert res.returncode == 0, res.log[-6000:]
-    return res.result
-
-
 @pytest.mark.parametrize("mode", ["sync", "async"])
-def test_hybrid_mtp_across_two_hosts_follows_pp1(
-    hosts, models, hybrid_target, hybrid_baseline, tmp_path, mode
-):
+def test_hybrid_mtp_across_two_hosts_follows_pp1(hosts, models, hybrid, hybrid_pp1, tmp_path, mode):
     """Qwen3-Next (GDN) + MTP across the hosts: each host keeps its stage's
     recurrent state from the rounds it learns (sync: the scheduler output;
     async: the round message over the link)."""
+    want = hybrid_pp1("hybrid_copy")  # before this test's engines start
     spec = {"method": "mtp", "num_speculative_tokens": K}
     extra = ["--dtype", "bfloat16", "--no-enable-prefix-caching", "--max-num-seqs", "4"]
     extra += ["--async-scheduling"] if mode == "async" else []
-    pipe = Pipeline(hosts, models, (hybrid_target, spec), tmp_path, *extra)
+    pipe = Pipeline(hosts, models, (hybrid["hybrid_copy"], spec), tmp_path, *extra)
     try:
         pipe.wait_ready()
         client = openai_client(pipe.base, timeout=120)
@@ -153,7 +126,7 @@ def test_hybrid_mtp_across_two_hosts_follows_pp1(
         counts = spec_counts(pipe.base)
     finally:
         pipe.stop()
-    forgiven, failures = judge(hybrid_baseline, outputs)
+    forgiven, failures = judge(want, outputs)
     assert not failures, f"divergence at a clear margin (request, position, gap): {failures}"
     print(f"forgiven near-tie divergences: {forgiven}; spec {counts}")
     assert 0 < counts["accepted"] < counts["drafts"], counts  # full and partial rounds
@@ -213,9 +186,11 @@ GOODBYE_LINE = (
 @pytest.mark.parametrize(("sig", "mode"), STOPS, ids=[f"{s}-{m}" for s, m in STOPS])
 def test_an_orderly_stop_of_the_leader_ends_both_hosts_quietly(hosts, models, tmp_path, sig, mode):
     """Host 0's ``vllm serve``, idle after one request, gets SIGINT on its
-    process group (a Ctrl-C) or SIGTERM with ``--shutdown-timeout``: its
-    worker says goodbye, host 1's worker logs one INFO line and stops its
-    headless ``vllm serve`` as SIGTERM would. Every process of both hosts is
+    process group (a Ctrl-C) or SIGTERM on its main process at vLLM's default
+    ``--shutdown-timeout 0`` (its engine core gets the window to stop its
+    workers in order: patches/stop_grace.py): its worker says goodbye, host
+    1's worker logs one INFO line and stops its headless ``vllm serve`` as
+    SIGTERM would. Every process of both hosts is
     gone within 15 s, both exit with vLLM's own status, and neither log has an
     error or a traceback but host 0's API server's own."""
     pipe = Pipeline(hosts, models, "draft_copy", tmp_path, *stop_args(sig, mode))

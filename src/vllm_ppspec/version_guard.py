@@ -107,6 +107,8 @@ PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
     ("vllm.config.vllm", "VllmConfig.max_concurrent_batches"),
     ("vllm.platforms.cpu", "CpuPlatform.check_and_update_config"),
     ("vllm.config.vllm", "VllmConfig.__post_init__"),
+    # patches/stop_grace.py: the engine core's stop window at --shutdown-timeout 0.
+    ("vllm.v1.engine.utils", "get_engine_process_shutdown_timeout"),
     # Engine and scheduler: drafts delivered with each batch's output.
     ("vllm.v1.engine.core", "EngineCore.post_step"),
     ("vllm.v1.core.sched.scheduler", "Scheduler.update_from_output"),
@@ -239,6 +241,11 @@ EXPLAINED_DRIFT: dict[str, dict[str, str]] = {
             "num_in_flight_tokens is kept by the base class's own schedule / update, "
             "which the plugin's schedulers call, so blocks of a batch still in the "
             "pipeline are not cached"
+        ),
+        "vllm.v1.engine.utils:get_engine_process_shutdown_timeout": (
+            "an explicitly set VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS now gives the window on "
+            "every platform: patches.stop_grace keeps any window vLLM gives and adds its own "
+            "(that variable's value) only where vLLM's is still 0"
         ),
         "vllm.v1.worker.gpu_worker:Worker.init_device": (
             "the local GPU index now comes from parallel_config.get_local_gpu_index, and "

@@ -70,6 +70,26 @@ REGISTRY: tuple[Patch, ...] = (
         remove_when="vLLM runs speculative decoding under PP on the runner users run",
     ),
     Patch(
+        module="vllm_ppspec.patches.stop_grace",
+        when="config",
+        targets=("vllm.v1.engine.utils:get_engine_process_shutdown_timeout",),
+        why=(
+            "at vLLM's default --shutdown-timeout 0 a SIGTERM to vllm serve SIGKILLs the "
+            "engine core's workers at once: across hosts they cannot say goodbye, and the "
+            "other node reports a dead peer (an ERROR, 'died unexpectedly')"
+        ),
+        how=(
+            "with the plugin's worker across nodes (mp, --nnodes > 1) only, where vLLM "
+            "gives no window of its own: the window VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS "
+            "(5 s), as vLLM gives ROCm; requests are still aborted at once"
+        ),
+        upstream=(
+            "none found; vllm/v1/engine/utils.py:get_engine_process_shutdown_timeout "
+            "(ROCm's window; 0.33 adds the variable)"
+        ),
+        remove_when="vLLM stops an mp executor's workers in order at --shutdown-timeout 0",
+    ),
+    Patch(
         module="vllm_ppspec.patches.async_hold",
         when="config",
         targets=("vllm.config.vllm:VllmConfig.__post_init__",),

@@ -39,6 +39,9 @@ itself under PP + spec when left at ``auto``, see ``__post_init__``):
   the pipeline; the drafts come with the batch's output instead
   (:mod:`vllm_ppspec.sched.draft_delivery`). With either plugin scheduler it
   also installs :mod:`.remote_reads` in the engine core, once.
+* ``get_engine_process_shutdown_timeout`` (:mod:`.stop_grace`): with the
+  plugin's worker across nodes, a stop at ``--shutdown-timeout 0`` gives the
+  engine core vLLM's best-effort window to stop its workers in order.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ import functools
 from typing import Any
 
 from vllm_ppspec import WORKER_QUALNAME, policy
-from vllm_ppspec.patches import remote_reads
+from vllm_ppspec.patches import remote_reads, stop_grace
 from vllm_ppspec.patches.async_hold import hold_async, restore_async
 from vllm_ppspec.patches.worker_choice import (
     AUTO_ENV,
@@ -250,6 +253,7 @@ def _wrap_post_init(original: Any) -> Any:
     @functools.wraps(original)
     def wrapper(self: Any) -> None:
         select_worker(self)
+        stop_grace.note_config(self, plugin_worker_selected(self))
         dp_sync_unset = self.parallel_config.disable_nccl_for_dp_synchronization is None
         held = hold_async(self, spec_pp_active(self))
         original(self)
@@ -327,4 +331,5 @@ def install() -> None:
     CpuPlatform.check_and_update_config = _wrap_cpu_check(  # type: ignore[method-assign]
         CpuPlatform.__dict__["check_and_update_config"]
     )
+    stop_grace.install()
     setattr(VllmConfig, PATCHED_FLAG, True)

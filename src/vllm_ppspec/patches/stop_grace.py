@@ -1,0 +1,69 @@
+"""A stop of a pipeline across hosts at vLLM's default ``--shutdown-timeout 0``.
+
+On SIGTERM, ``vllm serve`` SIGTERMs its engine core, then SIGKILLs the engine
+core's process tree after the window ``get_engine_process_shutdown_timeout``
+returns (``vllm/v1/engine/utils.py``; ``vllm/v1/utils.py:shutdown``). With
+``--shutdown-timeout 0`` (abort) that window is 0 except on ROCm (vLLM 0.33:
+or where ``VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS`` is set), so the workers are
+killed before vLLM's executor stops them and they cannot say goodbye to their
+PP peers (``runner/orderly_stop.py``). On one host every worker dies together;
+across hosts the other node cannot tell the kill from a crash and reports a
+dead peer.
+
+With the plugin's worker serving a pipeline across nodes (mp executor,
+``--nnodes`` > 1), the wrapper gives the engine core the window vLLM gives a
+stop with no timeout, ``VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS`` (5 s), as vLLM
+does for ROCm: requests are still aborted at once (the engine core's own mode
+is unchanged), the engine core stops its executor in order, and the process
+manager waits only until it has exited. Everywhere else vLLM's value stands.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+# Some config built in this process runs the plugin's worker across nodes.
+across_nodes = False
+
+
+def note_config(vllm_config: Any, plugin_worker: bool) -> None:
+    """Record a config built in this process (from ``VllmConfig.__post_init__``)."""
+    global across_nodes
+    parallel = vllm_config.parallel_config
+    if (
+        plugin_worker
+        and parallel.pipeline_parallel_size > 1
+        and parallel.nnodes > 1
+        and parallel.distributed_executor_backend == "mp"
+    ):
+        across_nodes = True
+
+
+def window(request_timeout: float | None, process_timeout: float | None, vllm_value: Any) -> Any:
+    """The process manager's window: vLLM's, or the grace where the plugin needs one."""
+    if not across_nodes or request_timeout != 0 or process_timeout != 0:
+        return vllm_value
+    if vllm_value != process_timeout:
+        return vllm_value  # vLLM gave a window of its own (ROCm; 0.33's variable)
+    import vllm.envs as envs
+
+    return float(envs.VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS)
+
+
+def _wrap(original: Any) -> Any:
+    @functools.wraps(original)
+    def wrapper(request_timeout: float | None, process_timeout: float | None) -> Any:
+        value = original(request_timeout, process_timeout)
+        return window(request_timeout, process_timeout, value)
+
+    return wrapper
+
+
+def install() -> None:
+    """Wrap ``get_engine_process_shutdown_timeout`` (called from ``patches.config.install``)."""
+    import vllm.v1.engine.utils as engine_utils
+
+    engine_utils.get_engine_process_shutdown_timeout = _wrap(  # type: ignore[assignment]
+        engine_utils.get_engine_process_shutdown_timeout
+    )
