@@ -24,8 +24,8 @@ from tests.references import HYBRID_REQUESTS
 from tests.test_e2e_hybrid import judge
 from tests.two_hosts import Pipeline, two_hosts
 from vllm_ppspec_tools.fixtures.server import (
+    ALL_STOPS,
     STOP_BOUND_S,
-    STOPS,
     VLLM_STOP_STATUS,
     greedy_completion,
     metrics,
@@ -183,7 +183,7 @@ GOODBYE_LINE = (
 )
 
 
-@pytest.mark.parametrize(("sig", "mode"), STOPS, ids=[f"{s}-{m}" for s, m in STOPS])
+@pytest.mark.parametrize(("sig", "mode"), ALL_STOPS, ids=[f"{s}-{m}" for s, m in ALL_STOPS])
 def test_an_orderly_stop_of_the_leader_ends_both_hosts_quietly(hosts, models, tmp_path, sig, mode):
     """Host 0's ``vllm serve``, idle after one request, gets SIGINT on its
     process group (a Ctrl-C) or SIGTERM on its main process at vLLM's default
