@@ -91,9 +91,9 @@ def _methods(cls: ast.ClassDef) -> set[str]:
 
 
 def test_the_hooks_per_mode_match_the_steps_classes():
-    hooks = _methods(_classes(PLUGIN / "runner" / "steps.py")["Steps"])
+    hooks = _methods(_classes(PLUGIN / "runner" / "steps" / "base.py")["Steps"])
     implemented: dict[str, set[str]] = {"Steps": set()}
-    for path in sorted((PLUGIN / "runner").glob("*.py")):
+    for path in sorted((PLUGIN / "runner").rglob("*.py")):
         for name, cls in _classes(path).items():
             bases = {b.id for b in cls.bases if isinstance(b, ast.Name)}
             if "Steps" in bases:
@@ -169,9 +169,9 @@ def py_path_exists(path: str) -> bool:
 
 def test_the_name_checks_catch_missing_names():
     assert dotted_name_exists("vllm_ppspec.patches.REGISTRY")
-    assert dotted_name_exists("vllm_ppspec.runner.steps.Steps.prepare")
+    assert dotted_name_exists("vllm_ppspec.runner.steps.base.Steps.prepare")
     assert not dotted_name_exists("vllm_ppspec.runner.mode")
-    assert not dotted_name_exists("vllm_ppspec.runner.steps.Steps.no_such_hook")
+    assert not dotted_name_exists("vllm_ppspec.runner.steps.base.Steps.no_such_hook")
     assert py_path_exists("runner/mixin.py") and py_path_exists("tests/test_layout.py")
     assert not py_path_exists("runner/two_batch.py")
 

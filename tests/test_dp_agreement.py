@@ -18,7 +18,7 @@ import torch
 from tests.distributed import run_ranks
 from vllm_ppspec.protocol import dp_agreement, faults
 from vllm_ppspec.protocol.dp_agreement import Agreement, DPAgreementError
-from vllm_ppspec.runner import dp_hook
+from vllm_ppspec.runner.drafter import dp_hook
 
 
 def _world():

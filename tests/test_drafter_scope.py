@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import vllm.distributed.parallel_state as ps
 
-from vllm_ppspec.runner.drafter_scope import SingleStageGroupView, isolate_drafter, single_stage_pp
+from vllm_ppspec.runner.drafter.scope import SingleStageGroupView, isolate_drafter, single_stage_pp
 
 
 def _fake_pp_group(rank=5, world=3, rank_in_group=2):

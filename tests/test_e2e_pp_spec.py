@@ -54,7 +54,7 @@ def _check_drafter_layers(res, method: str) -> None:
     as ``target_layer_count`` (its layers are ``model.layers.{count + i}``); the
     EAGLE head takes ``get_num_layers(parallel_config)``, which is the total only
     because the plugin builds the drafter with a single-stage parallel config
-    (``drafter_scope._single_stage_config``). With the shard count, the PP=2
+    (``drafter.scope._single_stage_config``). With the shard count, the PP=2
     stage's drafter layer would be ``model.layers.2`` (a clash with the target's
     layer on that rank) and the PP=3 (2|1|1) one ``model.layers.1`` (no clash:
     only this probe sees it).
@@ -207,7 +207,7 @@ def test_pp3_spec_matches_pp1_without_spec(models, baseline, method, mode):
     target, spec = tiny_spec(models, method, K)
     eagle3 = method.startswith("eagle3")
     # The draft model is built as one stage while this partition lays out the
-    # target's three (drafter_scope.target_partition_hidden).
+    # target's three (drafter.scope.target_partition_hidden).
     env = {"VLLM_PP_LAYER_PARTITION": "2,1,1"}
     res = run_job(
         job(

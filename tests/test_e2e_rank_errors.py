@@ -1,10 +1,10 @@
-"""An error on a non-last PP rank ends the engine (runner/rank_errors.py), through vLLM's
+"""An error on a non-last PP rank ends the engine (runner/health/rank_errors.py), through vLLM's
 own mp executor, which reads only the last rank's replies.
 
 Faults are injected on the non-last rank with ``VLLM_PPSPEC_FAULT``
 (protocol/faults.py): a missing stash (async: the round cannot be applied), an
 exception while applying a round (async), and an exception in
-``execute_model`` (sync and async). Before runner/rank_errors.py the
+``execute_model`` (sync and async). Before runner/health/rank_errors.py the
 first was logged on that rank and generation completed normally, the round's
 state update skipped in silence. Each job must fail, within a bound, with the
 error named in the log.

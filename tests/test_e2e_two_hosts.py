@@ -136,7 +136,7 @@ def test_hybrid_mtp_across_two_hosts_follows_pp1(hosts, models, hybrid, hybrid_p
 
 MISMATCHES = {
     # host 1 alone keeps one batch in flight: a switch the ranks must agree on
-    # (runner/startup_check.AGREED_SWITCHES; host 0's unset reads as its default)
+    # (runner/health/startup_check.AGREED_SWITCHES; host 0's unset reads as its default)
     "switch": (
         {"VLLM_PPSPEC_ONE_BATCH": "1"},
         "$VLLM_PPSPEC_ONE_BATCH (rank 0: '0', rank 1: '1')",
@@ -149,7 +149,7 @@ MISMATCHES = {
 @pytest.mark.parametrize("case", sorted(MISMATCHES))
 def test_hosts_started_differently_are_refused_on_both(hosts, models, tmp_path, case):
     """Each node builds its config from its own command line and environment:
-    a difference is refused (runner/startup_check.py) and both hosts end
+    a difference is refused (runner/health/startup_check.py) and both hosts end
     within seconds, host 0 naming what differs."""
     env1, expected = MISMATCHES[case]
     pipe = Pipeline(

@@ -13,12 +13,12 @@ import torch.distributed as dist
 
 from tests.distributed import run_ranks
 from vllm_ppspec.protocol.rounds import RoundDivergenceError
-from vllm_ppspec.runner.embedding_handover import (
+from vllm_ppspec.runner.drafter.embedding_handover import (
     EmbeddingHandoverError,
     embedding_digest,
     hand_over_embedding,
 )
-from vllm_ppspec.runner.embedding_share import ShareMode, share_mode
+from vllm_ppspec.runner.drafter.embedding_share import ShareMode, share_mode
 
 
 def _proposer(cls: type, model: object) -> object:

@@ -7,7 +7,8 @@
 - the protocol imports no vLLM;
 - no module in ``src/`` is over 400 lines;
 - the plugin's folders import each other without a loop (module level: each
-  folder one node, each module of the package root one node of its own);
+  folder without subfolders one node, e.g. ``runner/steps/``; each module of a
+  folder with subfolders, the package root or ``runner/``, one node of its own);
 - the tools are console scripts (``vllm-ppspec-<tool>``), each also
   ``python -m vllm_ppspec_tools.<tool>``, and the plugin carries no shims for them;
 - the public names users type keep their paths.
@@ -169,25 +170,33 @@ def test_no_module_in_src_is_over_400_lines():
     assert not {p: n for p, n in sizes.items() if n > MAX_LINES}
 
 
+def _has_subfolders(folder: Path) -> bool:
+    return any((d / "__init__.py").is_file() for d in folder.iterdir() if d.is_dir())
+
+
 def _node_of(module: str) -> str | None:
-    """The graph node of a plugin module: its folder (``runner/``) below the
-    package root, or the module itself (``plugin.py``) in the root; None outside
-    the plugin or for a name that is not a module (``from a import name``)."""
+    """The graph node of a plugin module: its folder (``runner/steps/``) if that
+    folder has no subfolders; else, in a folder with subfolders (the package
+    root, ``runner/``), the module itself (``plugin.py``, ``runner/mixin.py``,
+    ``runner/__init__.py``). A name imported from a module (``from a import
+    name``) counts as that module; None outside the plugin."""
     parts = module.split(".")
     if parts[0] != "vllm_ppspec":
         return None
-    if len(parts) == 1:
-        return "__init__.py"
-    if (PLUGIN / parts[1]).is_dir():
-        return parts[1] + "/"
-    if (PLUGIN / f"{parts[1]}.py").is_file():
-        return parts[1] + ".py"
-    return None
+    folder, rel = PLUGIN, ""
+    for part in parts[1:]:
+        if (folder / part / "__init__.py").is_file():
+            folder, rel = folder / part, f"{rel}{part}/"
+        elif (folder / f"{part}.py").is_file():
+            return f"{rel}{part}.py" if _has_subfolders(folder) else rel
+        else:
+            break  # a name defined in the folder's __init__.py
+    return f"{rel}__init__.py" if _has_subfolders(folder) else rel
 
 
 def folder_graph() -> dict[str, dict[str, list[str]]]:
     """node -> node it imports -> the imports that make the arrow
-    ("runner/cpu_worker.py: vllm_ppspec.patches.cpu_moe")."""
+    ("runner/platform/cpu_worker.py: vllm_ppspec.patches.cpu_moe")."""
     graph: dict[str, dict[str, list[str]]] = {}
     for name, path in _modules(PLUGIN).items():
         source = _node_of(name)
@@ -242,12 +251,29 @@ def test_the_cycle_finder_finds_a_loop():
     assert cycles({"a/": {"b/": []}, "b/": {}}) == []
 
 
+def test_each_subfolder_is_a_node():
+    """runner/'s subfolders are nodes of their own; runner/'s own modules, like
+    the package root's, are one node each."""
+    assert _node_of("vllm_ppspec.runner.steps.lanes.LaneSteps") == "runner/steps/"
+    assert _node_of("vllm_ppspec.runner.steps") == "runner/steps/"
+    assert _node_of("vllm_ppspec.runner.health.peer_watch") == "runner/health/"
+    assert _node_of("vllm_ppspec.runner.mixin.PPSpecRunnerMixin") == "runner/mixin.py"
+    assert _node_of("vllm_ppspec.runner") == "runner/__init__.py"
+    assert _node_of("vllm_ppspec.sched.lanes") == "sched/"
+    assert _node_of("vllm_ppspec.policy.Mode") == "policy.py"
+    assert _node_of("vllm_ppspec.WORKER_QUALNAME") == "__init__.py"
+    assert _node_of("vllm_ppspec") == "__init__.py"
+    assert _node_of("vllm.config") is None
+
+
 def test_the_plugin_folders_have_no_import_loop():
     """Folder A -> folder B when a module in A imports one in B (each module of
-    the package root a node of its own). A loop means some arrow points up: the
-    message names every arrow inside each loop and the imports that make it."""
+    a folder with subfolders a node of its own: _node_of). A loop means some
+    arrow points up: the message names every arrow inside each loop and the
+    imports that make it."""
     graph = folder_graph()
-    assert {"patches/", "protocol/", "runner/", "sched/"} <= set(graph)
+    assert {"patches/", "protocol/", "sched/", "runner/mixin.py", "runner/view.py"} <= set(graph)
+    assert {f"runner/{f}/" for f in ("steps", "drafter", "health", "platform")} <= set(graph)
     found = cycles(graph)
     report = []
     for component in found:

@@ -27,15 +27,17 @@ def test_the_patched_names_are_the_config_entries_and_install_wraps_each():
 
 def test_every_instance_wrap_of_the_runner_is_registered():
     """The drafter scope's and the DP hook's wraps on the drafter instance."""
-    from vllm_ppspec.runner.drafter_scope import DRAFTER_MODEL_METHODS
+    from vllm_ppspec.runner.drafter.scope import DRAFTER_MODEL_METHODS
 
     base = "vllm.v1.spec_decode.llm_base_proposer:SpecDecodeBaseProposer."
     scope = {
-        t for p in REGISTRY if p.module == "vllm_ppspec.runner.drafter_scope" for t in p.targets
+        t for p in REGISTRY if p.module == "vllm_ppspec.runner.drafter.scope" for t in p.targets
     }
     for name in (*DRAFTER_MODEL_METHODS, "_create_draft_vllm_config"):
         assert base + name in scope, name
-    hook = {t for p in REGISTRY if p.module == "vllm_ppspec.runner.dp_hook" for t in p.targets}
+    hook = {
+        t for p in REGISTRY if p.module == "vllm_ppspec.runner.drafter.dp_hook" for t in p.targets
+    }
     for name in ("propose", "dummy_run", "_determine_batch_execution_and_padding"):
         assert base + name in hook, name
 

@@ -1,4 +1,4 @@
-"""runner/peer_watch.py without an engine: descriptors above 1024, stray
+"""runner/health/peer_watch.py without an engine: descriptors above 1024, stray
 connections at set-up, the keepalive setting, and the goodbye of an orderly
 stop (two sockets of this process stand for two ranks)."""
 
@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from vllm_ppspec.runner import peer_watch, rank_errors
+from vllm_ppspec.runner.health import peer_watch, rank_errors
 
 # ----------------------------------------------------------------------------
 # More than 1024 descriptors (vLLM raises a worker's limit; select() cannot go there)
@@ -357,7 +357,7 @@ def test_after_its_goodbye_a_rank_still_ends_when_a_peer_of_its_executor_dies(
 
 
 def test_the_worker_says_goodbye_before_vllm_s_own_shutdown(monkeypatch):
-    from vllm_ppspec.runner import orderly_stop
+    from vllm_ppspec.runner.health import orderly_stop
 
     calls: list[str] = []
 
@@ -385,7 +385,7 @@ def test_the_worker_says_goodbye_before_vllm_s_own_shutdown(monkeypatch):
 def test_only_a_headless_mp_node_is_stopped_by_its_peers(backend, node_rank, nnodes, headless):
     from vllm.config import ParallelConfig
 
-    from vllm_ppspec.runner import orderly_stop
+    from vllm_ppspec.runner.health import orderly_stop
 
     config = ParallelConfig(
         pipeline_parallel_size=2,

@@ -1,10 +1,10 @@
 """The PP peer watcher notices a lost link between two hosts within its bound.
 
 Two network namespaces joined by a veth pair stand for two hosts
-(``vllm_ppspec_tools/hosts/netns.py``). A rank's watcher connection (``runner/peer_watch.py``:
-TCP keepalive, idle 3 s, 3 probes 1 s apart) stays quiet while the link is
-up and idle, and reports the peer gone once the link is cut without a FIN
-or a reset, as when a cable or a host's network goes.
+(``vllm_ppspec_tools/hosts/netns.py``). A rank's watcher connection
+(``runner/health/peer_watch.py``: TCP keepalive, idle 3 s, 3 probes 1 s apart)
+stays quiet while the link is up and idle, and reports the peer gone once the
+link is cut without a FIN or a reset, as when a cable or a host's network goes.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ time.sleep(120)
 
 WATCH = """
 import socket, sys
-from vllm_ppspec.runner.peer_watch import _keepalive, first_gone
+from vllm_ppspec.runner.health.peer_watch import _keepalive, first_gone
 sock = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=10)
 sock.settimeout(None)
 _keepalive(sock)

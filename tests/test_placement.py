@@ -5,7 +5,7 @@ several hosts. The stand-in here is that placement without Ray (Ray refuses
 vLLM's CPU platform): two PP ranks joined by a gloo group, each in its own
 network namespace with its own ``/dev/shm`` (``vllm_ppspec_tools/hosts/netns.py``), and nothing
 telling them how many nodes there are. Each rank picks its peer-watch address
-(``runner/placement.py``) and connects its peer watch; the same two ranks in
+(``runner/health/placement.py``) and connects its peer watch; the same two ranks in
 the root namespace use the loopback.
 """
 
@@ -24,8 +24,8 @@ REPO = Path(__file__).resolve().parent.parent
 RANK = """
 import json, os, sys
 import torch.distributed as dist
-from vllm_ppspec.runner.peer_watch import connect_peers
-from vllm_ppspec.runner.placement import peer_watch_host, pp_on_one_host
+from vllm_ppspec.runner.health.peer_watch import connect_peers
+from vllm_ppspec.runner.health.placement import peer_watch_host, pp_on_one_host
 rank = int(sys.argv[1])
 dist.init_process_group("gloo", init_method=sys.argv[2], rank=rank, world_size=2)
 group = dist.new_group(backend="gloo")

@@ -8,7 +8,7 @@ import pytest
 
 from vllm_ppspec.protocol import faults
 from vllm_ppspec.protocol.rounds import RoundDivergenceError
-from vllm_ppspec.runner import rank_errors
+from vllm_ppspec.runner.health import rank_errors
 
 
 class _Base:
@@ -106,7 +106,7 @@ def _survive_a_killed_peer(rank: int, world: int):
 
     import torch.distributed as dist
 
-    from vllm_ppspec.runner.peer_watch import connect_peers, first_gone
+    from vllm_ppspec.runner.health.peer_watch import connect_peers, first_gone
 
     group = dist.new_group(backend="gloo")
     peers = connect_peers(group, "127.0.0.1")
@@ -139,7 +139,7 @@ def test_the_watcher_ends_the_worker_and_uses_no_process_ids(monkeypatch):
     import socket
     import threading
 
-    from vllm_ppspec.runner import peer_watch
+    from vllm_ppspec.runner.health import peer_watch
 
     ours, theirs = socket.socketpair()
     peers = peer_watch.Peers(0, {1: ours}, frozenset())

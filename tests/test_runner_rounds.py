@@ -20,14 +20,14 @@ CAPACITY = 8  # max_num_seqs of the stub runners
 
 
 def _stub_runner(rank: int, world: int, spec: bool, num_reqs: int):
-    from vllm_ppspec.runner.cpu import PPSpecCPUModelRunner
+    from vllm_ppspec.runner.platform.cpu import PPSpecCPUModelRunner
 
     runner = object.__new__(PPSpecCPUModelRunner)
     runner.speculative_config = SimpleNamespace(method="draft_model") if spec else None
     runner._ppspec_is_last = rank == world - 1
     runner.num_spec_tokens = K if spec else 0
     if spec:
-        from vllm_ppspec.runner.sync_steps import SyncSteps
+        from vllm_ppspec.runner.steps.sync import SyncSteps
 
         runner._ppspec_steps = SyncSteps(rank == world - 1, hybrid=False)
     runner.device = torch.device("cpu")
@@ -55,9 +55,9 @@ def test_missing_stash_raises_on_a_non_last_rank():
     recorded; without them it raises naming the rank, before posting its receive."""
     from vllm_ppspec.protocol.faults import Faults
     from vllm_ppspec.runner.clocks import Clocks
-    from vllm_ppspec.runner.lane_steps import LaneSteps
-    from vllm_ppspec.runner.rank_errors import MissingStashError
-    from vllm_ppspec.runner.sync_steps import SyncSteps
+    from vllm_ppspec.runner.health.rank_errors import MissingStashError
+    from vllm_ppspec.runner.steps.lanes import LaneSteps
+    from vllm_ppspec.runner.steps.sync import SyncSteps
 
     channel = SimpleNamespace(expect=lambda n: pytest.fail("posted a receive"))
     steps = LaneSteps(channel, 2, 0, False, Faults(), Clocks(), SyncSteps(False, False))
@@ -118,7 +118,7 @@ def test_spec_round_does_not_use_vllms_device_group_broadcast():
 
 
 def _sync_runner(is_last: bool):
-    from vllm_ppspec.runner.sync_steps import SyncSteps
+    from vllm_ppspec.runner.steps.sync import SyncSteps
     from vllm_ppspec.runner.view import RunnerView
 
     runner = SimpleNamespace(num_accepted_tokens_event=None)
@@ -195,7 +195,7 @@ def test_every_step_reaches_the_modes_hooks_and_is_counted():
     """The mixin holds no mode: each step calls the steps object's hooks."""
     from vllm_ppspec.policy import Mode
     from vllm_ppspec.runner.mixin import PPSpecRunnerMixin
-    from vllm_ppspec.runner.steps import Steps
+    from vllm_ppspec.runner.steps.base import Steps
 
     calls: list[str] = []
 
@@ -295,7 +295,7 @@ def test_eagle3_under_pp_refuses_a_target_without_aux_hidden_states_over_pp():
     """vLLM's V2-runner check, called by the mixin before it sets up the relay."""
     from types import SimpleNamespace
 
-    from vllm_ppspec.runner.eagle3 import require_aux_hidden_states_over_pp
+    from vllm_ppspec.runner.drafter.eagle3 import require_aux_hidden_states_over_pp
 
     class Decoder:  # a decoder without supports_aux_hidden_states_over_pp
         pass
@@ -319,7 +319,7 @@ def test_vllm_marks_llama_but_not_qwen3_next_as_shipping_aux_states_over_pp():
 
 def test_the_worker_s_shutdown_reaches_the_mode_s_steps(monkeypatch):
     """StopsInOrder.shutdown: the goodbye, then the steps' shutdown hook, then vLLM's."""
-    from vllm_ppspec.runner import orderly_stop, peer_watch
+    from vllm_ppspec.runner.health import orderly_stop, peer_watch
 
     said: list[str] = []
     monkeypatch.setattr(peer_watch, "say_goodbye", lambda: said.append("goodbye"))

@@ -1,5 +1,5 @@
 """PP ranks refuse to start when they were started differently
-(``runner/startup_check.py``), on every rank, within seconds; a rank that never
+(``runner/health/startup_check.py``), on every rank, within seconds; a rank that never
 reaches the check is named within the timeout; the protocol is compared first;
 host-local settings may differ. Plain gloo ranks."""
 
@@ -17,7 +17,7 @@ import pytest
 
 from tests.distributed import run_ranks
 from vllm_ppspec.protocol import PROTOCOL
-from vllm_ppspec.runner.startup_check import (
+from vllm_ppspec.runner.health.startup_check import (
     AGREED_SWITCHES,
     HOST_LOCAL_SWITCHES,
     StartupMismatchError,

@@ -3,7 +3,7 @@
 Pure functions of a few config facts and the environment: no vLLM import.
 Both sides call them: the engine-side config patch (batches in flight, which
 scheduler) and the runner (which steps object); the start-up check compares
-the runner's mode across PP ranks (``runner/startup_check.py``).
+the runner's mode across PP ranks (``runner/health/startup_check.py``).
 
 * ``OFF``: PP = 1 or no speculative config. Nothing of the plugin runs per step.
 * ``SYNC``: sync scheduling. The plugin's scheduler keeps PP batches in flight

@@ -72,7 +72,7 @@ PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
     ),
     ("vllm.v1.spec_decode.llm_base_proposer", "SpecDecodeBaseProposer.propose"),
     ("vllm.v1.spec_decode.llm_base_proposer", "SpecDecodeBaseProposer.dummy_run"),
-    # vLLM's embedding-sharing decision, replayed under PP (runner/embedding_share.py).
+    # vLLM's embedding-sharing decision, replayed under PP (runner/drafter/embedding_share.py).
     ("vllm.v1.spec_decode.llm_base_proposer", "SpecDecodeBaseProposer._maybe_share_embeddings"),
     ("vllm.v1.spec_decode.draft_model", "DraftModelProposer._maybe_share_embeddings"),
     # DP agreement (protocol/dp_agreement.py): wrapped on the drafter instance at DP > 1.
@@ -84,7 +84,7 @@ PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
     # The PP group global swapped while the drafter runs.
     ("vllm.distributed.parallel_state", "_PP"),
     # The envs cache dropped while VLLM_PP_LAYER_PARTITION is hidden from the
-    # drafter's build (drafter_scope.target_partition_hidden).
+    # drafter's build (drafter.scope.target_partition_hidden).
     ("vllm.envs", "_is_envs_cache_enabled"),
     # Workers: how each platform's worker builds its runner.
     ("vllm.v1.worker.gpu_worker", "Worker._make_model_runner"),
@@ -119,7 +119,7 @@ PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
     # its post-schedule bookkeeping, extended for structured-output requests.
     ("vllm.v1.core.sched.async_scheduler", "AsyncScheduler"),
     ("vllm.v1.core.sched.async_scheduler", "AsyncScheduler._update_after_schedule"),
-    # Where the PP ranks are (runner/placement.py).
+    # Where the PP ranks are (runner/health/placement.py).
     ("vllm.distributed.parallel_state", "in_the_same_node_as"),
     # Across hosts: a remote reply's read ends on shutdown (patches/remote_reads.py).
     ("vllm.distributed.device_communicators.shm_broadcast", "MessageQueue.dequeue"),
@@ -138,19 +138,19 @@ MIRRORED_FUNCTIONS: tuple[tuple[str, str, dict[str, str], str], ...] = (
         "vllm.v1.spec_decode.llm_base_proposer",
         "SpecDecodeBaseProposer._maybe_share_embeddings",
         {"0.32.0": "7c93570a79fb20a3", "0.33.0": "75d2dbc8fafdc674"},
-        "runner.embedding_share:share_mode",
+        "runner.drafter.embedding_share:share_mode",
     ),
     (
         "vllm.v1.spec_decode.draft_model",
         "DraftModelProposer._maybe_share_embeddings",
         {"0.32.0": "bb8801e35560befc", "0.33.0": "bb8801e35560befc"},
-        "runner.embedding_share:share_mode",
+        "runner.drafter.embedding_share:share_mode",
     ),
     (
         "vllm.v1.worker.gpu_model_runner",
         "GPUModelRunner._update_states",
         {"0.32.0": "326599f31b273b94", "0.33.0": "326599f31b273b94"},
-        "runner.sync_steps:SyncSteps.restore_output_tokens",
+        "runner.steps.sync:SyncSteps.restore_output_tokens",
     ),
     (
         "vllm.v1.spec_decode.llm_base_proposer",
@@ -162,19 +162,19 @@ MIRRORED_FUNCTIONS: tuple[tuple[str, str, dict[str, str], str], ...] = (
         "vllm.v1.spec_decode.llm_base_proposer",
         "SpecDecodeBaseProposer.propose",
         {"0.32.0": "00017c139f27a3e7", "0.33.0": "00017c139f27a3e7"},
-        "runner.dp_hook:forwards_of_propose (its number of drafter forwards)",
+        "runner.drafter.dp_hook:forwards_of_propose (its number of drafter forwards)",
     ),
     (
         "vllm.v1.spec_decode.llm_base_proposer",
         "SpecDecodeBaseProposer.dummy_run",
         {"0.32.0": "5e2e533fb829b334", "0.33.0": "5e2e533fb829b334"},
-        "runner.dp_hook:forwards_of_dummy_run (its number of drafter forwards)",
+        "runner.drafter.dp_hook:forwards_of_dummy_run (its number of drafter forwards)",
     ),
     (
         "vllm.v1.spec_decode.llm_base_proposer",
         "SpecDecodeBaseProposer._determine_batch_execution_and_padding",
         {"0.32.0": "6919756134947839", "0.33.0": "6919756134947839"},
-        "runner.dp_hook:install (agrees at its first call in a drafter run)",
+        "runner.drafter.dp_hook:install (agrees at its first call in a drafter run)",
     ),
     (
         "vllm.v1.core.sched.scheduler",
@@ -250,7 +250,7 @@ EXPLAINED_DRIFT: dict[str, dict[str, str]] = {
         "vllm.v1.worker.gpu_worker:Worker.init_device": (
             "the local GPU index now comes from parallel_config.get_local_gpu_index, and "
             "cuBLAS handles are made before the memory snapshot (CUDA only); the plugin's "
-            "wrapper (runner/orderly_stop.StopsInOrder.init_device) only records the node "
+            "wrapper (runner/health/orderly_stop.StopsInOrder.init_device) only records the node "
             "kind and installs the remote-read patch before calling it unchanged"
         ),
         "vllm.config.vllm:VllmConfig.__post_init__": (

@@ -187,10 +187,10 @@ def short_hash(source: str) -> str:
 def overridden() -> Iterator[tuple[str, str, str]]:
     """(module, qualname, installed source) of every upstream method that the
     plugin's runner, worker and scheduler classes override."""
-    from vllm_ppspec.runner.cpu import PPSpecCPUModelRunner
-    from vllm_ppspec.runner.cpu_worker import PPSpecCPUWorker
-    from vllm_ppspec.runner.gpu_worker import PPSpecGPUWorker
     from vllm_ppspec.runner.mixin import PPSpecGPUModelRunner
+    from vllm_ppspec.runner.platform.cpu import PPSpecCPUModelRunner
+    from vllm_ppspec.runner.platform.cpu_worker import PPSpecCPUWorker
+    from vllm_ppspec.runner.platform.gpu_worker import PPSpecGPUWorker
     from vllm_ppspec.sched.filled import PPSpecScheduler
     from vllm_ppspec.sched.lanes import PPSpecLaneScheduler
 

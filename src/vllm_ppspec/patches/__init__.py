@@ -132,7 +132,7 @@ REGISTRY: tuple[Patch, ...] = (
         remove_when="vLLM's remote MessageQueue reads end on shutdown",
     ),
     Patch(
-        module="vllm_ppspec.runner.orderly_stop",
+        module="vllm_ppspec.runner.health.orderly_stop",
         when="worker",
         targets=("vllm.distributed.device_communicators.shm_broadcast:MessageQueue.dequeue",),
         why=(
@@ -201,7 +201,7 @@ REGISTRY: tuple[Patch, ...] = (
         remove_when="tests/test_e2e_dp.py::test_stock_worker_still_fails... starts failing",
     ),
     Patch(
-        module="vllm_ppspec.runner.cpu_worker",
+        module="vllm_ppspec.runner.platform.cpu_worker",
         when="worker",
         targets=("vllm.v1.worker.cpu_worker:CPUModelRunner",),
         why="CPUWorker.init_device builds its runner by this module-level name",
@@ -210,7 +210,7 @@ REGISTRY: tuple[Patch, ...] = (
         remove_when="vLLM lets a worker choose its runner class",
     ),
     Patch(
-        module="vllm_ppspec.runner.drafter_scope",
+        module="vllm_ppspec.runner.drafter.scope",
         when="runner",
         targets=(
             "vllm.v1.spec_decode.llm_base_proposer:SpecDecodeBaseProposer._get_model",
@@ -231,7 +231,7 @@ REGISTRY: tuple[Patch, ...] = (
         remove_when="vLLM builds and runs the drafter as one stage under PP",
     ),
     Patch(
-        module="vllm_ppspec.runner.drafter_scope",
+        module="vllm_ppspec.runner.drafter.scope",
         when="runner",
         targets=(
             "vllm.distributed.parallel_state:_PP",
@@ -250,7 +250,7 @@ REGISTRY: tuple[Patch, ...] = (
         remove_when="vLLM builds and runs the drafter as one stage under PP",
     ),
     Patch(
-        module="vllm_ppspec.runner.dp_hook",
+        module="vllm_ppspec.runner.drafter.dp_hook",
         when="runner",
         targets=(
             "vllm.v1.spec_decode.llm_base_proposer:SpecDecodeBaseProposer.propose",

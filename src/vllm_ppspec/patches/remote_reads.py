@@ -20,7 +20,7 @@ process that runs the executor; whatever ``--nnodes`` says
 (vLLM keeps it at 1 under Ray, which places workers on several hosts), since
 only the readers vLLM made remote (``_is_remote_reader``) change. The plugin's
 worker on a headless node installs it too
-(``runner/orderly_stop.py``): that worker reads each call of the leader's
+(``runner/health/orderly_stop.py``): that worker reads each call of the leader's
 executor remotely, and when its own executor stops it in order the read ends
 instead of waiting for vLLM's SIGKILL.
 """

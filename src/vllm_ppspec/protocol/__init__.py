@@ -3,9 +3,9 @@ counts, the DP agreement, fault switches. No module here imports vLLM."""
 
 # The version of what the plugin's PP ranks send each other after start-up:
 # the round's shape agreement and the round message (rounds.py), the peer
-# watch's set-up and messages (runner/peer_watch.py), and the order in which
+# watch's set-up and messages (runner/health/peer_watch.py), and the order in which
 # ranks send and receive them. Bump it with any change to any of them;
-# ranks of different numbers refuse at start-up (runner/startup_check.py)
+# ranks of different numbers refuse at start-up (runner/health/startup_check.py)
 # instead of hanging at the first round. The start-up check itself (a gloo
 # monitored_barrier, then an all_gather_object of a dict of strings) must stay
 # as it is, so that any two versions can compare their numbers.

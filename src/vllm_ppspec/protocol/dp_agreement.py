@@ -23,7 +23,7 @@ other replicas' last-stage ranks, whose drafters' collectives must match.
 
 When, and in what order. Each call of the drafter's ``propose`` or
 ``dummy_run`` (wrapped on the drafter instance by
-:func:`vllm_ppspec.runner.dp_hook.install`) is one drafter run. At the run's
+:func:`vllm_ppspec.runner.drafter.dp_hook.install`) is one drafter run. At the run's
 first call of ``_determine_batch_execution_and_padding``
 (before its first forward and before any DP collective of the run), every rank
 of the group calls one ``all_gather`` of an int64 record (:data:`FIELDS`):

@@ -22,7 +22,7 @@ Who raises :class:`RoundDivergenceError`:
   header: every rank raises, after the same message (``every_rank=True``);
 - a receiver whose own batch holds another number of requests than the round,
   or another ``k``, raises alone (``every_rank=False``): the sender cannot
-  know. Its worker then ends (:mod:`vllm_ppspec.runner.rank_errors`) and the
+  know. Its worker then ends (:mod:`vllm_ppspec.runner.health.rank_errors`) and the
   engine with it, so nobody waits for it.
 
 The size must be equal on every rank before any round, so a channel starts

@@ -1,23 +1,23 @@
 """The runner mixin: vLLM's V1 runner overrides, delegating to the mode's steps.
 
 Mixed into vLLM's ``GPUModelRunner`` (:class:`PPSpecGPUModelRunner`) and
-``CPUModelRunner`` (:class:`vllm_ppspec.runner.cpu.PPSpecCPUModelRunner`). The
+``CPUModelRunner`` (:class:`vllm_ppspec.runner.platform.cpu.PPSpecCPUModelRunner`). The
 mode is decided once (:mod:`vllm_ppspec.policy`) and its steps object built
-once (:mod:`~vllm_ppspec.runner.parts`), in ``_ppspec_setup``; every step's
-override calls that object's hooks (:mod:`~vllm_ppspec.runner.steps`) and
+once (:mod:`~vllm_ppspec.runner.steps.parts`), in ``_ppspec_setup``; every step's
+override calls that object's hooks (:mod:`~vllm_ppspec.runner.steps.base`) and
 holds no mode of its own. ``OFF`` is a steps object whose hooks call vLLM's.
 The parts:
 
-* :mod:`~vllm_ppspec.runner.sync_steps` (``SYNC``),
-  :mod:`~vllm_ppspec.runner.lane_steps` (``LANES``), through one view of
+* :mod:`~vllm_ppspec.runner.steps.sync` (``SYNC``),
+  :mod:`~vllm_ppspec.runner.steps.lanes` (``LANES``), through one view of
   vLLM's runner (:mod:`~vllm_ppspec.runner.view`);
-* :mod:`~vllm_ppspec.runner.drafter_scope`: the drafter hidden on non-last
+* :mod:`~vllm_ppspec.runner.drafter.scope`: the drafter hidden on non-last
   ranks, and shown a single-stage PP group on the last;
-* :mod:`~vllm_ppspec.runner.embedding_handover`: the target's embedding for
-  the drafter; :mod:`~vllm_ppspec.runner.eagle3`: EAGLE-3 auxiliary states;
+* :mod:`~vllm_ppspec.runner.drafter.embedding_handover`: the target's embedding for
+  the drafter; :mod:`~vllm_ppspec.runner.drafter.eagle3`: EAGLE-3 auxiliary states;
 * :mod:`~vllm_ppspec.runner.clocks`: where each rank's time goes;
-* :mod:`~vllm_ppspec.runner.rank_errors`, :mod:`~vllm_ppspec.runner.peer_watch`,
-  :mod:`~vllm_ppspec.runner.startup_check`: a failing rank, a dead PP peer, or
+* :mod:`~vllm_ppspec.runner.health.rank_errors`, :mod:`~vllm_ppspec.runner.health.peer_watch`,
+  :mod:`~vllm_ppspec.runner.health.startup_check`: a failing rank, a dead PP peer, or
   ranks started differently end the engine.
 
 Every vLLM private name the package uses is listed in
@@ -38,7 +38,7 @@ Collectives the plugin adds, on every rank of the PP group unless said:
   ``broadcast`` from the first rank (``embedding_handover``);
 * per step, ``LANES``: one round message from the last rank to each other
   rank (``isend`` there, ``irecv`` on each receiver, gloo ``cpu_group``; see
-  ``lane_steps`` for who posts it when); none in ``SYNC``;
+  ``steps.lanes`` for who posts it when); none in ``SYNC``;
 * at DP > 1 (MoE targets), per drafter run, on every rank holding a drafter,
   whatever the mode: one ``all_gather`` on the DP group's ``cpu_group`` before
   the drafter's first forward (:mod:`vllm_ppspec.protocol.dp_agreement`).
@@ -63,15 +63,15 @@ from vllm.v1.worker.gpu_model_runner import GPUModelRunner  # noqa: E402
 
 from vllm_ppspec.policy import Mode, mode_of  # noqa: E402
 from vllm_ppspec.protocol import faults  # noqa: E402
-from vllm_ppspec.runner import dp_hook, eagle3  # noqa: E402
 from vllm_ppspec.runner.clocks import Clocks  # noqa: E402
-from vllm_ppspec.runner.drafter_scope import drafter_hidden, isolate_drafter  # noqa: E402
-from vllm_ppspec.runner.embedding_handover import give_drafter_the_target_embedding  # noqa: E402
-from vllm_ppspec.runner.parts import build_steps, check_engine_mode  # noqa: E402
-from vllm_ppspec.runner.peer_watch import watch_pp_peers  # noqa: E402
-from vllm_ppspec.runner.placement import peer_watch_host  # noqa: E402
-from vllm_ppspec.runner.startup_check import agree, fingerprint  # noqa: E402
-from vllm_ppspec.runner.steps import Steps  # noqa: E402
+from vllm_ppspec.runner.drafter import dp_hook, eagle3  # noqa: E402
+from vllm_ppspec.runner.drafter.embedding_handover import give_drafter_the_target_embedding  # noqa: E402
+from vllm_ppspec.runner.drafter.scope import drafter_hidden, isolate_drafter  # noqa: E402
+from vllm_ppspec.runner.health.peer_watch import watch_pp_peers  # noqa: E402
+from vllm_ppspec.runner.health.placement import peer_watch_host  # noqa: E402
+from vllm_ppspec.runner.health.startup_check import agree, fingerprint  # noqa: E402
+from vllm_ppspec.runner.steps.base import Steps  # noqa: E402
+from vllm_ppspec.runner.steps.parts import build_steps, check_engine_mode  # noqa: E402
 from vllm_ppspec.runner.view import RunnerView  # noqa: E402
 
 if TYPE_CHECKING:
@@ -140,7 +140,7 @@ class PPSpecRunnerMixin:
             )
         check_engine_mode(self.vllm_config, mode)  # type: ignore[attr-defined]
         # The plugin's first collective: every PP rank was started the same way
-        # (one host or several), or every rank refuses (startup_check.py).
+        # (one host or several), or every rank refuses (health/startup_check.py).
         agree(pp.cpu_group, fingerprint(self, mode.value))
         RunnerView.check(self)
         self._ppspec_faults = faults.Faults.from_env()
@@ -161,8 +161,8 @@ class PPSpecRunnerMixin:
         if self._ppspec_is_last:
             isolate_drafter(self.drafter)  # type: ignore[attr-defined]
         # Every PP rank, once, here, in this order on the PP gloo group: the
-        # placement check (placement.py), then the peer watch's address
-        # exchange. A dead peer ends this worker (peer_watch.py), over the
+        # placement check (health/placement.py), then the peer watch's address
+        # exchange. A dead peer ends this worker (health/peer_watch.py), over the
         # loopback when the ranks share this host, else on this node's address.
         watch_pp_peers(pp.cpu_group, peer_watch_host(pp.cpu_group))
         logger.info(
@@ -241,7 +241,7 @@ class PPSpecRunnerMixin:
         eagle3.set_up(model, self.speculative_config, self._ppspec_is_last, vllm_setup)
 
     # ------------------------------------------------------------------
-    # Every step: the mode's hooks (steps.py)
+    # Every step: the mode's hooks (steps/base.py)
     # ------------------------------------------------------------------
     def _update_states(self, scheduler_output: SchedulerOutput) -> Any:
         steps, view = self._ppspec_steps, self._ppspec_view

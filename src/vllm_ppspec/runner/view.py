@@ -1,6 +1,6 @@
 """The one view of vLLM's runner that the mode parts use.
 
-The parts (``sync_steps``, ``lane_steps``) reach vLLM's ``GPUModelRunner``
+The parts (``steps/sync.py``, ``steps/lanes.py``) reach vLLM's ``GPUModelRunner``
 only through :class:`RunnerView`: the attributes and the call they need,
 listed here once. vLLM sets them in ``GPUModelRunner.__init__``, so they can
 be checked only on a built runner: :meth:`RunnerView.check` runs at runner

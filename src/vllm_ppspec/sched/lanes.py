@@ -8,7 +8,7 @@ after its previous one, while that one's output is still unprocessed (the
 async scheduler's placeholders stand in for its tokens). A request is thus in
 at most two batches in flight, its previous one and its next, and a stage
 runs the next only once it holds the previous one's round
-(:mod:`vllm_ppspec.runner.lane_steps`). Stages never wait for each other: a
+(:mod:`vllm_ppspec.runner.steps.lanes`). Stages never wait for each other: a
 stage runs the other lanes' batches while the last stage samples and drafts
 a lane's batch, and the engine core's turnaround is hidden behind them.
 

@@ -1,7 +1,7 @@
 """Load-time hand-off of the target's token embedding to the drafter's PP rank.
 
 At PP = 1 vLLM shares the target's token embedding with some drafters
-(:mod:`vllm_ppspec.runner.embedding_share` replays that decision); under PP the
+(:mod:`vllm_ppspec.runner.drafter.embedding_share` replays that decision); under PP the
 embedding lives on the first stage and the drafter on the last. This module
 moves it, once, after the model is loaded: :func:`hand_over_embedding` is pure
 ``torch.distributed`` on the PP group's gloo (CPU) group, no vLLM, so it is
@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from vllm_ppspec.runner.embedding_share import ShareMode, drafter_embedding, share_mode
+from vllm_ppspec.runner.drafter.embedding_share import ShareMode, drafter_embedding, share_mode
 
 logger = logging.getLogger("vllm.ppspec")
 
@@ -49,7 +49,7 @@ def hand_over_embedding(
     """Load-time hand-off of the target's token embedding to the drafter's rank.
 
     Called once by every rank of the PP group. The rank holding the drafter
-    passes ``mode`` (:class:`vllm_ppspec.runner.embedding_share.ShareMode`: 0 none,
+    passes ``mode`` (:class:`vllm_ppspec.runner.drafter.embedding_share.ShareMode`: 0 none,
     1 always, 2 only at equal width, 3 unsupported, 4 replace) and, unless 0,
     the shape of its embedding ((0, 0) for 4: it has none); the first rank
     passes its ``weight``; others pass neither.

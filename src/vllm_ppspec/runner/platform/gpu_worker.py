@@ -6,9 +6,9 @@ from vllm.v1.worker.gpu_worker import Worker  # noqa: E402
 
 from vllm_ppspec.plugin import require_installed
 from vllm_ppspec.runner.clocks import WorkerClocks
+from vllm_ppspec.runner.health.orderly_stop import StopsInOrder
+from vllm_ppspec.runner.health.rank_errors import RankErrorsEndEngine
 from vllm_ppspec.runner.mixin import PPSpecGPUModelRunner  # runs the version guard first
-from vllm_ppspec.runner.orderly_stop import StopsInOrder
-from vllm_ppspec.runner.rank_errors import RankErrorsEndEngine
 
 
 class PPSpecGPUWorker(RankErrorsEndEngine, WorkerClocks, StopsInOrder, Worker):

@@ -1,7 +1,7 @@
 """The mode's steps object, built once at runner set-up, in one place.
 
 :func:`build_steps` turns the mode (``vllm_ppspec.policy``) into its steps
-object (``steps.py``) with the shared parts it needs: the round channel, the
+object (``base.py``) with the shared parts it needs: the round channel, the
 clocks, the fault switches. Collective, every PP rank, once, in this order:
 the round shape's ``all_reduce`` (``RoundChannel.agree_shape``), ``LANES``
 only.
@@ -18,9 +18,9 @@ from vllm_ppspec.policy import Mode, scheduler_of, scheduler_serves
 from vllm_ppspec.protocol import faults
 from vllm_ppspec.protocol.rounds import RoundChannel
 from vllm_ppspec.runner.clocks import Clocks
-from vllm_ppspec.runner.lane_steps import LaneSteps
-from vllm_ppspec.runner.steps import Steps
-from vllm_ppspec.runner.sync_steps import SyncSteps
+from vllm_ppspec.runner.steps.base import Steps
+from vllm_ppspec.runner.steps.lanes import LaneSteps
+from vllm_ppspec.runner.steps.sync import SyncSteps
 from vllm_ppspec.runner.view import RunnerView
 
 

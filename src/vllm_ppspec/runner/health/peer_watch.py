@@ -28,7 +28,7 @@ connection to every PP peer, on which nothing is sent but one goodbye byte:
   vLLM stops the engine on this host.
 
 An orderly stop: a worker that vLLM shuts down (its executor stops it, or it
-gets SIGINT / SIGTERM) calls :func:`say_goodbye` (``runner/orderly_stop.py``):
+gets SIGINT / SIGTERM) calls :func:`say_goodbye` (``runner/health/orderly_stop.py``):
 it sends one byte, :data:`GOODBYE`, to each peer, and from then on reports
 only a peer of its own executor that dies without one. A peer that reads it:
 
@@ -285,7 +285,7 @@ def first_gone(socks: dict[int, socket.socket]) -> tuple[int, str]:
                 return rank, f"it sent {data!r}, which is not a goodbye"
 
 
-# Set by the worker before its runner starts the watch (runner/orderly_stop.py).
+# Set by the worker before its runner starts the watch (runner/health/orderly_stop.py).
 _HEADLESS = {"node": False}
 
 
@@ -307,7 +307,7 @@ class Watch:
         self.said_goodbye = False  # this rank stops in order
 
     def run(self) -> None:
-        from vllm_ppspec.runner import rank_errors
+        from vllm_ppspec.runner.health import rank_errors
 
         live = dict(self.peers)
         while live:

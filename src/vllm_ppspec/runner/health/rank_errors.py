@@ -17,7 +17,7 @@ ends that receiver like any other error.
 
 A PP peer that dies (killed, out of memory, its host gone) leaves the other
 ranks blocked in a pipeline receive that never returns:
-:mod:`vllm_ppspec.runner.peer_watch` ends a worker as soon as one of its PP
+:mod:`vllm_ppspec.runner.health.peer_watch` ends a worker as soon as one of its PP
 peers is gone, through :func:`end_worker`.
 """
 

@@ -15,9 +15,9 @@ arrived costs no wait.
 Every rank then makes each step sync-shaped
 (:func:`vllm_ppspec.protocol.lane_book.make_sync_shaped`) before vLLM's
 ``execute_model`` runs, and vLLM's runner runs its sync path, with sync
-mode's rebuilds (``sync_steps.SyncSteps``).
+mode's rebuilds (``sync.SyncSteps``).
 
-Hooks (``steps.py``): all of them.
+Hooks (``base.py``): all of them.
 """
 
 from __future__ import annotations
@@ -31,11 +31,11 @@ from vllm_ppspec.policy import Mode
 from vllm_ppspec.protocol import faults
 from vllm_ppspec.protocol.lane_book import LaneBook, make_sync_shaped
 from vllm_ppspec.protocol.rounds import PostedRound, RoundChannel
-from vllm_ppspec.runner.capture import SampledCapture
 from vllm_ppspec.runner.clocks import Clocks
-from vllm_ppspec.runner.rank_errors import MissingStashError
-from vllm_ppspec.runner.steps import Steps
-from vllm_ppspec.runner.sync_steps import SyncSteps
+from vllm_ppspec.runner.health.rank_errors import MissingStashError
+from vllm_ppspec.runner.steps.base import Steps
+from vllm_ppspec.runner.steps.capture import SampledCapture
+from vllm_ppspec.runner.steps.sync import SyncSteps
 from vllm_ppspec.runner.view import RunnerView
 
 

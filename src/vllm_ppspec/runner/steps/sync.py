@@ -11,7 +11,7 @@ a rank, rebuilt from what it does carry.
   attached to its output (:func:`vllm_ppspec.sched.draft_delivery.attach_drafts`).
 
 No collective: in sync mode the stages never wait for each other.
-Hooks (``steps.py``): ``before_update``, ``after_update``, ``sample``.
+Hooks (``base.py``): ``before_update``, ``after_update``, ``sample``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 
 from vllm_ppspec.policy import Mode
 from vllm_ppspec.protocol.accepted_counts import AcceptedCounts
-from vllm_ppspec.runner.steps import Steps
+from vllm_ppspec.runner.steps.base import Steps
 from vllm_ppspec.runner.view import RunnerView
 from vllm_ppspec.sched.draft_delivery import attach_drafts
 

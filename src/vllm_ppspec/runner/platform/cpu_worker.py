@@ -5,12 +5,12 @@ from __future__ import annotations
 import vllm.v1.worker.cpu_worker as _vllm_cpu_worker
 from vllm.v1.worker.cpu_worker import CPUWorker
 
-import vllm_ppspec.runner.cpu as _cpu_runner  # runs the version guard first
+import vllm_ppspec.runner.platform.cpu as _cpu_runner  # runs the version guard first
 from vllm_ppspec.patches import cpu_eager, cpu_expand, cpu_moe, cpu_ngram_threads
 from vllm_ppspec.plugin import require_installed
 from vllm_ppspec.runner.clocks import WorkerClocks
-from vllm_ppspec.runner.orderly_stop import StopsInOrder
-from vllm_ppspec.runner.rank_errors import RankErrorsEndEngine
+from vllm_ppspec.runner.health.orderly_stop import StopsInOrder
+from vllm_ppspec.runner.health.rank_errors import RankErrorsEndEngine
 
 
 class PPSpecCPUWorker(RankErrorsEndEngine, WorkerClocks, StopsInOrder, CPUWorker):

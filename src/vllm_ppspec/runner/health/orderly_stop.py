@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_ppspec.runner import peer_watch
+from vllm_ppspec.runner.health import peer_watch
 
 
 def headless_node(parallel_config: Any) -> bool:

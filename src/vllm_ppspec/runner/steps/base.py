@@ -1,7 +1,7 @@
 """The hooks every mode implements, and ``OFF``'s: each calls vLLM's own.
 
-The runner mixin (``mixin.py``) holds one steps object, built once at set-up
-(:func:`vllm_ppspec.runner.parts.build`) for the mode the policy decided
+The runner mixin (``runner/mixin.py``) holds one steps object, built once at set-up
+(:func:`vllm_ppspec.runner.steps.parts.build_steps`) for the mode the policy decided
 (:mod:`vllm_ppspec.policy`), and calls these hooks at the same points of
 every step, whatever the mode:
 
@@ -17,8 +17,8 @@ every step, whatever the mode:
 =================  ==========================================================
 
 Which mode implements which: ``OFF`` none (this class); ``SYNC``
-(``sync_steps.SyncSteps``) ``before_update``, ``after_update``, ``sample``;
-``LANES`` (``lane_steps.LaneSteps``) all but ``shutdown``, its rebuilds being
+(``sync.SyncSteps``) ``before_update``, ``after_update``, ``sample``;
+``LANES`` (``lanes.LaneSteps``) all but ``shutdown``, its rebuilds being
 ``SYNC``'s. ``shutdown`` is called by the plugin's workers when they shut
 down (``PPSpecRunnerMixin.ppspec_shutdown``); no mode holds anything to end
 there yet.
