@@ -6,7 +6,7 @@ returns (``vllm/v1/engine/utils.py``; ``vllm/v1/utils.py:shutdown``). With
 ``--shutdown-timeout 0`` (abort) that window is 0 except on ROCm (vLLM 0.33:
 or where ``VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS`` is set), so the workers are
 killed before vLLM's executor stops them and they cannot say goodbye to their
-PP peers (``runner/orderly_stop.py``). On one host every worker dies together;
+PP peers (``runner/health/orderly_stop.py``). On one host every worker dies together;
 across hosts the other node cannot tell the kill from a crash and reports a
 dead peer.
 
