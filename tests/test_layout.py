@@ -284,6 +284,36 @@ def test_the_plugin_folders_have_no_import_loop():
     assert not found, "import loops between the plugin's folders:\n" + "\n".join(report)
 
 
+# The plugin's layers, lowest first: a module imports only from its own layer
+# or a lower one (design.md, "Layout"). Every node is in one (by prefix).
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("pure", ("__init__.py", "policy.py", "version_guard.py", "protocol/")),
+    ("patches", ("patches/",)),
+    ("engine core and workers", ("sched/", "runner/")),
+    ("entry points", ("plugin.py", "worker.py", "scheduler.py")),
+)
+
+
+def layer_of(node: str) -> int:
+    found = [i for i, (_, prefixes) in enumerate(LAYERS) if node.startswith(prefixes)]
+    assert len(found) == 1, f"{node}: in {len(found)} layers; give it one in LAYERS"
+    return found[0]
+
+
+def test_no_import_points_up_a_layer():
+    """The hook and the public names at the top, the engine core's and the
+    workers' sides under them, the patches under those, the pure modules at
+    the bottom: no arrow up (the workers ask patches/install_state, not the
+    hook, whether the patches are in)."""
+    up = [
+        f"{a} ({LAYERS[layer_of(a)][0]}) -> {b} ({LAYERS[layer_of(b)][0]}): " + "; ".join(why)
+        for a, targets in folder_graph().items()
+        for b, why in targets.items()
+        if layer_of(b) > layer_of(a)
+    ]
+    assert not up, "imports up a layer:\n" + "\n".join(up)
+
+
 # ---------------------------------------------------------------------------
 # The tools as commands, and the public names.
 # ---------------------------------------------------------------------------

@@ -13,6 +13,7 @@ import pytest
 
 from vllm_ppspec import plugin
 from vllm_ppspec.patches import config as config_patches
+from vllm_ppspec.patches import install_state
 
 
 def _ppspec_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -30,7 +31,7 @@ def test_a_failing_install_is_logged_and_the_plugin_worker_then_refuses_naming_i
     def planted() -> None:
         raise AttributeError("planted: this build has no VllmConfig.use_v2_model_runner")
 
-    monkeypatch.setattr(plugin, "_failure", None, raising=False)
+    monkeypatch.setattr(install_state, "failure", None)
     monkeypatch.setattr(config_patches, "install", planted)
     plugin.register()  # returns: vLLM goes on
     failure = "AttributeError: planted: this build has no VllmConfig.use_v2_model_runner"
@@ -46,7 +47,7 @@ def test_a_failing_install_is_logged_and_the_plugin_worker_then_refuses_naming_i
 def test_a_supported_release_with_a_local_label_installs_without_a_warning(monkeypatch, caplog):
     import vllm
 
-    monkeypatch.setattr(plugin, "_failure", None, raising=False)
+    monkeypatch.setattr(install_state, "failure", None)
     monkeypatch.setattr(vllm, "__version__", "0.33.0+cpu")
     plugin.register()
     assert _ppspec_lines(caplog) == []
@@ -81,6 +82,7 @@ assert changed == [], changed
 from vllm.config import VllmConfig
 from vllm_ppspec import plugin
 from vllm_ppspec.patches import config as config_patches
+from vllm_ppspec.patches import install_state
 assert not getattr(VllmConfig, config_patches.PATCHED_FLAG, False)
 VllmConfig()  # vLLM builds its config as without the plugin
 try:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from vllm_ppspec.patches import install_state
+
 UNSUPPORTED_WARNING = (
     "vllm-ppspec: vLLM {found} is not supported (supported: {supported}); the plugin "
     "installs nothing, and vLLM runs as without it. Selecting the plugin's worker "
@@ -14,41 +16,10 @@ INSTALL_FAILED = (
     "and vLLM runs as without the plugin. The plugin's worker refuses to start."
 )
 
-# Why install() failed in this process ("ExceptionType: message"), or None.
-_failure: str | None = None
-
-
-def install_failure() -> str | None:
-    """Why the patches could not be installed in this process, or None."""
-    return _failure
-
-
-def require_installed() -> None:
-    """Raise unless this process runs with the patches (called by the workers).
-
-    Without them (the ``ppspec`` plugin filtered out by ``VLLM_PLUGINS``, or
-    its install failed and was undone) the V2 runner could be chosen and the
-    batch queue would be PP-deep, which gives wrong tokens instead of an error.
-    """
-    from vllm.config.vllm import VllmConfig
-
-    from vllm_ppspec import WORKER_QUALNAME
-    from vllm_ppspec.patches.config import PATCHED_FLAG
-
-    failure = install_failure()
-    if failure is not None:
-        raise RuntimeError(
-            f"--worker-cls {WORKER_QUALNAME}: vllm-ppspec's vLLM plugin failed to install "
-            f"its patches in this process ({failure}), so its worker cannot run; leave "
-            "--worker-cls at auto for vLLM's own worker, or use a vLLM build the plugin "
-            "installs on."
-        )
-    if not getattr(VllmConfig, PATCHED_FLAG, False):
-        raise RuntimeError(
-            f"--worker-cls {WORKER_QUALNAME} needs vllm-ppspec's vLLM plugin 'ppspec', "
-            "which was not loaded in this process: include 'ppspec' in VLLM_PLUGINS (or "
-            "unset it) and check that vllm-ppspec is installed in this environment."
-        )
+# What the hook's install gave in this process (patches/install_state.py):
+# why it failed, or None; the workers call require_installed first.
+install_failure = install_state.install_failure
+require_installed = install_state.require_installed
 
 
 def register() -> None:
@@ -62,7 +33,6 @@ def register() -> None:
     A failed install logs one error line and undoes what it had changed.
     Idempotent.
     """
-    global _failure
     from vllm_ppspec.version_guard import (
         SUPPORTED_VLLM_VERSIONS,
         installed_vllm_label,
@@ -83,11 +53,11 @@ def register() -> None:
         install()
     except Exception as e:  # any failure: vLLM goes on without the plugin
         _restore(saved)
-        _failure = f"{type(e).__name__}: {e}"
-        _logger().error(INSTALL_FAILED.format(failure=_failure))
+        install_state.failure = f"{type(e).__name__}: {e}"
+        _logger().error(INSTALL_FAILED.format(failure=install_state.failure))
         _logger().debug("vllm-ppspec: the failed install", exc_info=True)
         return
-    _failure = None
+    install_state.failure = None
 
 
 def _logger() -> Any:

@@ -7,7 +7,7 @@ from vllm.v1.worker.cpu_worker import CPUWorker
 
 import vllm_ppspec.runner.platform.cpu as _cpu_runner  # runs the version guard first
 from vllm_ppspec.patches import cpu_eager, cpu_expand, cpu_moe, cpu_ngram_threads
-from vllm_ppspec.plugin import require_installed
+from vllm_ppspec.patches.install_state import require_installed
 from vllm_ppspec.runner.clocks import WorkerClocks
 from vllm_ppspec.runner.health.orderly_stop import StopsInOrder
 from vllm_ppspec.runner.health.rank_errors import RankErrorsEndEngine

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from vllm.v1.worker.gpu_worker import Worker  # noqa: E402
 
-from vllm_ppspec.plugin import require_installed
+from vllm_ppspec.patches.install_state import require_installed
 from vllm_ppspec.runner.clocks import WorkerClocks
 from vllm_ppspec.runner.health.orderly_stop import StopsInOrder
 from vllm_ppspec.runner.health.rank_errors import RankErrorsEndEngine
