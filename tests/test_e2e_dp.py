@@ -199,8 +199,7 @@ def reference(models, tmp_path_factory) -> dict[str, list[list[int]]]:
 # length, finished). Sync: idle_rank 9 of 42 accepted (the rule: 18 of 18),
 # crossing rank 1 3 of 108 (30 of 30), early rank 1 0 of 141 (36 of 36), over
 # rank 0 21 of 24; async: idle_rank 18 of 24, crossing rank 1 31 of 33. The
-# tokens stay right (the target verifies); the same pattern as
-# KNOWN_DP_IDLE_DIVERGENCE below. The DP x PP shapes check every token first,
+# tokens stay right (the target verifies). The DP x PP shapes check every token first,
 # then xfail on the drafts, and fail the day the drafts follow the rule.
 KNOWN_DP_PP_ACCEPTANCE = "DP x PP with a MoE drafter: drafts off the rule while a DP rank idles"
 
@@ -387,24 +386,13 @@ def _complete_with_gaps(srv: Server, rank: int, prompt: list[int], n: int):
     return token_ids(choice), gaps, secs
 
 
-# Known bug, found 2026-12-01 on this machine (and failing the same way at the
-# commit that landed before, 1431aa0): in the "early" scenario (DP rank 0's
-# request ends after 4 tokens, rank 1's runs on) rank 1's output leaves the
-# planted rule at position 9 at a clear margin (gap 2.56 nats), sync and async
-# alike. DP=2 x PP=1 + MTP and DP=2 x PP=2 without spec follow the rule on the
-# same requests (measured), so it is the PP + spec path at DP > 1 with a MoE
-# hybrid target while one DP rank idles. In the landing rehearsal of the
-# runner redesign (steps objects, policy.py) both cases passed (XPASS), sync and
-# async; the cause is not established, so the marker is not strict until
-# repeated runs show it stable: then it goes, and the case asserts again.
-KNOWN_DP_IDLE_DIVERGENCE = pytest.mark.xfail(
-    strict=False,
-    raises=AssertionError,
-    reason="known bug: DP x PP + MTP on a MoE hybrid diverges when one DP rank idles",
-)
-
-
-@KNOWN_DP_IDLE_DIVERGENCE
+# Found 2026-12-01 (and failing the same way at the commit that landed before,
+# 1431aa0): in the "early" scenario (DP rank 0's request ends after 4 tokens,
+# rank 1's runs on) rank 1's output left the planted rule at position 9 at a
+# clear margin (gap 2.56 nats), sync and async alike, so the case was marked
+# xfail. Since the runner redesign (steps objects, policy.py) it has passed in
+# every run, sync and async (two fresh-clone rehearsals on 2026-12-02): the
+# marker is gone and the case asserts again.
 @pytest.mark.parametrize("async_sched", [False, True], ids=["sync", "async"])
 def test_dp2_pp2_mtp_with_a_moe_mtp_layer_follows_the_planted_rule(models, tmp_path, async_sched):
     from tests.conftest import MODELS_DIR
