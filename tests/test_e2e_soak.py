@@ -49,9 +49,10 @@ def test_bounded_soak_sync_and_async(models, tmp_path):
         assert s["sampled_completed"] > 30, s
         # Aborts as the server counts them (a first token, never finished); an
         # abort request may end before its client walks away (up to k + 1 tokens
-        # a step, 8-64 tokens a request): measured 15-20 of 24 planned, so at
-        # least half (a client that reads every stream to its end gives 0).
-        assert s["abort_planned"] // 2 <= s["aborted"] <= s["abort_planned"], s
+        # a step, 8-64 tokens a request): measured 13-20 of 24 planned over
+        # four runs, so at least a quarter (a client that reads every stream to
+        # its end gives 0).
+        assert s["abort_planned"] // 4 <= s["aborted"] <= s["abort_planned"], s
         assert s["preemptions"] > 0, s
         assert s["acceptance"] is not None and s["acceptance"] > 0.9, s  # draft_copy: all accepted
     assert proc.returncode == 0, log[-6000:]
