@@ -34,14 +34,13 @@ status=0
 budget_run setup setup
 PYTEST=(-m pytest -v -rA --durations=0)
 budget_run unit pytest_run .venv/bin/python "${PYTEST[@]}" -m "not e2e" "$@" tests || status=$?
-# --e2e-budget: what the whole run's budget leaves this part once the parts
-# after it have theirs (docs/testing.md, "The budget").
+# --e2e-budget: what is left of the whole run's budget (docs/testing.md, "The budget").
 budget_run e2e pytest_run .venv/bin/python "${PYTEST[@]}" -m e2e \
-  --e2e-budget="$(budget_left e2e)" "$@" tests || status=$?
+  --e2e-budget="$(budget_left)" "$@" tests || status=$?
 echo "== vLLM 0.33.0 (overlay): the cases of tests/on_vllm_0.33.txt =="
 mapfile -t cases < <(grep -v '^#' tests/on_vllm_0.33.txt)
 budget_run vllm-0.33 pytest_run .venv-0.33/bin/python "${PYTEST[@]}" --expect-vllm=0.33.0 \
-  --e2e-budget="$(budget_left vllm-0.33)" "$@" "${cases[@]}" || status=$?
+  --e2e-budget="$(budget_left)" "$@" "${cases[@]}" || status=$?
 if [ "$BUDGET_OWNER" = 1 ]; then
   budget_report || status=$?
 fi

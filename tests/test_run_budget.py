@@ -61,15 +61,11 @@ def test_a_run_over_the_whole_budget_fails(tmp_path):
     assert "OVER BUDGET: the whole run must stay within 2400 s" in out.stdout
 
 
-def test_an_e2e_part_gets_what_the_whole_budget_leaves_after_the_later_parts(tmp_path):
+def test_an_e2e_run_gets_what_is_left_of_the_whole_budget(tmp_path):
     record = tmp_path / "record"
     record.write_text(f"start {int(time.time()) - 300}\n")
-    out = _bash("budget_left e2e; budget_left vllm-0.33; budget_left wheel", str(record))
-    e2e, v033, wheel = map(int, out.stdout.split())
-    # later than e2e: vllm-0.33 350 + drift 60 + wheel 40; 300 s spent so far
-    assert 2400 - 300 - 450 - 2 <= e2e <= 2400 - 300 - 450
-    assert v033 == e2e + 350
-    assert wheel == v033 + 100
+    left = int(_bash("budget_left", str(record)).stdout)
+    assert 2400 - 300 - 2 <= left <= 2400 - 300
 
 
 def test_budget_run_records_the_part_its_time_and_its_exit_code(tmp_path):
