@@ -68,6 +68,12 @@ from vllm_ppspec.policy import Mode
 PP_ASYNC_REFUSAL = "pipeline parallelism with async scheduling"
 
 PATCHED_FLAG = "_vllm_ppspec_patched"
+# Set on a scheduler config whose explicit --async-scheduling the plugin kept
+# for its worker (the CPU hook's wrapper; 0.33's hold). vLLM's copies of a
+# config (``replace``: the draft model's config, whose parallel config names no
+# worker) share that object and run the platform hook again: the mark keeps
+# them as the config they copy.
+ASYNC_KEPT_FLAG = "_vllm_ppspec_async_kept"
 
 
 def plugin_worker_selected(vllm_config: Any) -> bool:
@@ -259,6 +265,7 @@ def _wrap_post_init(original: Any) -> Any:
         original(self)
         if held:
             restore_async(self, dp_sync_unset)
+            setattr(self.scheduler_config, ASYNC_KEPT_FLAG, True)  # see _wrap_cpu_check
         qualname = policy.scheduler_of(_mode(self))
         if qualname is None:
             return
@@ -297,10 +304,14 @@ def _wrap_cpu_check(original: Any) -> Any:
 
     @functools.wraps(func)
     def wrapper(cls: Any, vllm_config: Any) -> None:
-        requested = vllm_config.scheduler_config.async_scheduling
+        sched = vllm_config.scheduler_config
+        requested = sched.async_scheduling
         func(cls, vllm_config)
-        if requested is True and plugin_worker_selected(vllm_config):
-            vllm_config.scheduler_config.async_scheduling = True
+        if requested is True and (
+            plugin_worker_selected(vllm_config) or getattr(sched, ASYNC_KEPT_FLAG, False)
+        ):
+            sched.async_scheduling = True
+            setattr(sched, ASYNC_KEPT_FLAG, True)
 
     return classmethod(wrapper)
 
