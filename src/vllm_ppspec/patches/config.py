@@ -17,7 +17,8 @@ itself under PP + spec when left at ``auto``, see ``__post_init__``):
   the V1 runner); where vLLM requires V2 (``VLLM_USE_V2_MODEL_RUNNER=1``,
   HiSparse, watermarking) that worker is refused with a ValueError.
 * ``CpuPlatform.check_and_update_config``: keeps an explicit
-  ``--async-scheduling`` (the CPU platform turns it off unconditionally).
+  ``--async-scheduling`` (the CPU platform turns it off unconditionally), also
+  in the copies vLLM makes of that config (``ASYNC_KEPT_FLAG``).
 * ``VllmConfig.max_concurrent_batches`` (PP + speculative decoding only):
   what :mod:`vllm_ppspec.policy` decides for the mode: under sync scheduling
   one batch per PP stage, as vLLM does without speculation (1 with
