@@ -62,6 +62,17 @@ def test_a_foreign_worker_cls_is_left_alone_with_a_warning(target, models, monke
     assert said == [config_patches.FOREIGN_WARNING.format(worker=foreign)]
 
 
+def _async_plugin_config(model: str, models, pp: int):
+    """PP = ``pp`` + draft_copy with the plugin's worker and --async-scheduling."""
+    return _config(
+        model,
+        pipeline_parallel_size=pp,
+        worker_cls=WORKER_QUALNAME,
+        speculative_config=_draft_copy(models),
+        async_scheduling=True,
+    )
+
+
 def _config(model: str, **kwargs):
     from vllm.engine.arg_utils import EngineArgs
 
@@ -177,13 +188,7 @@ def test_the_kept_async_survives_the_draft_models_copy_of_the_config(target, mod
     (measured at PP=1 with draft_model: 0 drafts against 342 without async)."""
     from dataclasses import replace
 
-    ours = _config(
-        target,
-        pipeline_parallel_size=pp,
-        worker_cls=WORKER_QUALNAME,
-        speculative_config=_draft_copy(models),
-        async_scheduling=True,
-    )
+    ours = _async_plugin_config(target, models, pp)
     spec = ours.speculative_config
     draft = replace(
         ours,
@@ -256,13 +261,7 @@ def test_sync_pp_spec_fills_the_pipeline_with_the_plugin_scheduler(target, monke
 def test_async_pp_spec_keeps_pp_plus_1_batches_with_the_lane_scheduler(target, models, pp):
     from vllm_ppspec.sched.lanes import PPSpecLaneScheduler
 
-    cfg = _config(
-        target,
-        pipeline_parallel_size=pp,
-        worker_cls=WORKER_QUALNAME,
-        speculative_config=_draft_copy(models),
-        async_scheduling=True,
-    )
+    cfg = _async_plugin_config(target, models, pp)
     assert cfg.max_concurrent_batches == pp + 1
     assert cfg.scheduler_config.get_scheduler_cls() is PPSpecLaneScheduler
 
