@@ -43,17 +43,19 @@ budget_run() {
   return "$status"
 }
 
-budget_left() {
+budget_elapsed() {
   local start
   start=$(awk '$1 == "start" { print $2 }' "$PPSPEC_BUDGET_FILE")
-  echo $((BUDGET_TOTAL - ($(date +%s) - start)))
+  echo $(($(date +%s) - start))
+}
+
+budget_left() {
+  echo $((BUDGET_TOTAL - $(budget_elapsed)))
 }
 
 budget_report() {
-  local start now whole part seconds budget sum=0 mark
-  start=$(awk '$1 == "start" { print $2 }' "$PPSPEC_BUDGET_FILE")
-  now=$(date +%s)
-  whole=$((now - start))
+  local whole part seconds budget sum=0 mark
+  whole=$(budget_elapsed)
   echo "== BUDGET (docs/testing.md, \"The budget\")"
   printf '%-12s %8s %8s\n' part seconds budget
   for part in "${BUDGET_PARTS[@]}"; do

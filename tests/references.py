@@ -53,9 +53,6 @@ class OnFirstUse:
             self._made[key] = self._make(key)
         return self._made[key]
 
-    def __call__(self, key: str):
-        return self[key]
-
 
 @pytest.fixture(scope="session")
 def pp1_greedy(models) -> OnFirstUse:
@@ -83,7 +80,7 @@ def hybrid(models) -> dict[str, str]:
 
 
 @pytest.fixture(scope="session")
-def hybrid_pp1(hybrid) -> OnFirstUse:
+def hybrid_pp1(hybrid) -> Callable[[str], dict]:
     """PP=1 no-spec runs (vLLM's own worker), one per hybrid target."""
     from vllm_ppspec_tools.fixtures.tiny_hybrid import greedy_reference
 
@@ -97,4 +94,4 @@ def hybrid_pp1(hybrid) -> OnFirstUse:
 
     made = OnFirstUse(make)
     # hybrid_random shares hybrid_copy's target weights (only mtp.* differ).
-    return OnFirstUse(lambda fixture: made[fixture.replace("hybrid_random", "hybrid_copy")])
+    return lambda fixture: made[fixture.replace("hybrid_random", "hybrid_copy")]

@@ -223,7 +223,7 @@ def test_unsupported_method_under_pp_is_refused_with_the_supported_list(target):
 def test_workers_refuse_to_run_without_the_plugin_patches(monkeypatch):
     from vllm.config.vllm import VllmConfig
 
-    from vllm_ppspec.plugin import require_installed
+    from vllm_ppspec.patches.install_state import require_installed
 
     require_installed()  # register() above installed them
     monkeypatch.delattr(VllmConfig, "_vllm_ppspec_patched")

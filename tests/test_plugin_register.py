@@ -35,12 +35,12 @@ def test_a_failing_install_is_logged_and_the_plugin_worker_then_refuses_naming_i
     monkeypatch.setattr(config_patches, "install", planted)
     plugin.register()  # returns: vLLM goes on
     failure = "AttributeError: planted: this build has no VllmConfig.use_v2_model_runner"
-    assert plugin.install_failure() == failure
+    assert install_state.install_failure() == failure
     logged = _ppspec_lines(caplog)
     assert len(logged) == 1 and failure in logged[0] and "\n" not in logged[0], logged
     assert logged[0].startswith("vllm-ppspec: installing the plugin's patches failed"), logged
     with pytest.raises(RuntimeError) as e:
-        plugin.require_installed()  # what the plugin's workers call first
+        install_state.require_installed()  # what the plugin's workers call first
     assert failure in str(e.value) and "vllm_ppspec.worker.PPSpecWorker" in str(e.value)
 
 
@@ -51,8 +51,8 @@ def test_a_supported_release_with_a_local_label_installs_without_a_warning(monke
     monkeypatch.setattr(vllm, "__version__", "0.33.0+cpu")
     plugin.register()
     assert _ppspec_lines(caplog) == []
-    assert plugin.install_failure() is None
-    plugin.require_installed()
+    assert install_state.install_failure() is None
+    install_state.require_installed()
 
 
 # A vendor build whose CpuPlatform lacks its own check_and_update_config: the
@@ -86,7 +86,7 @@ from vllm_ppspec.patches import install_state
 assert not getattr(VllmConfig, config_patches.PATCHED_FLAG, False)
 VllmConfig()  # vLLM builds its config as without the plugin
 try:
-    plugin.require_installed()
+    install_state.require_installed()
 except RuntimeError as e:
     print("WORKER REFUSES:", e)
 print("VLLM STILL RUNS")

@@ -16,12 +16,6 @@ INSTALL_FAILED = (
     "and vLLM runs as without the plugin. The plugin's worker refuses to start."
 )
 
-# What the hook's install gave in this process (patches/install_state.py):
-# why it failed, or None; the workers call require_installed first.
-install_failure = install_state.install_failure
-require_installed = install_state.require_installed
-
-
 def register() -> None:
     """Install the config patches on a supported vLLM; on any other, warn and do nothing.
 
@@ -29,7 +23,7 @@ def register() -> None:
     workers), possibly more than once, whatever the worker: it must never stop
     vLLM itself. Only selecting the plugin's worker refuses an unsupported
     version (``vllm_ppspec.worker`` checks it at import) or a failed install
-    (:func:`require_installed`, which names :func:`install_failure`).
+    (:func:`.patches.install_state.require_installed`, which names the failure).
     A failed install logs one error line and undoes what it had changed.
     Idempotent.
     """
