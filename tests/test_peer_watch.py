@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from vllm_ppspec.runner.health import peer_watch, rank_errors
+from vllm_ppspec.runner.health import keepalive, peer_watch, rank_errors
 
 # ----------------------------------------------------------------------------
 # More than 1024 descriptors (vLLM raises a worker's limit; select() cannot go there)
@@ -197,42 +197,58 @@ def test_strays_at_set_up_do_not_take_a_rank_s_place():
 # ----------------------------------------------------------------------------
 
 
-def _keepalive_of(sock: socket.socket) -> tuple[int, int, int, int]:
+def _keepalive_of(sock: socket.socket) -> tuple[int, int, int, int, int]:
     return (
         sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE),
         sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE),
         sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL),
         sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT),
+        sock.getsockopt(socket.IPPROTO_TCP, keepalive.TCP_USER_TIMEOUT),
     )
 
 
 @pytest.mark.parametrize(
     ("value", "expected"),
-    [(None, (1, 3, 1, 3)), ("6", (1, 3, 1, 3)), ("4", (1, 1, 1, 3)), ("20", (1, 11, 3, 3))],
+    [
+        (None, (1, 1, 1, 14, 15000)),
+        ("15", (1, 1, 1, 14, 15000)),
+        ("4", (1, 1, 1, 3, 4000)),
+        ("24", (1, 2, 2, 11, 24000)),
+    ],
 )
 def test_the_keepalive_bound_is_set_by_one_variable(monkeypatch, value, expected):
-    """VLLM_PPSPEC_PEER_KEEPALIVE_S: idle + 3 probes x interval = the value
-    (default 6: idle 3 s, 3 probes 1 s apart, as before)."""
+    """VLLM_PPSPEC_PEER_KEEPALIVE_S: a probe every interval of silence, and
+    the user timeout at the value (default 15: a probe each second, gone
+    after 15 s without an answer)."""
     if value is None:
         monkeypatch.delenv("VLLM_PPSPEC_PEER_KEEPALIVE_S", raising=False)
     else:
         monkeypatch.setenv("VLLM_PPSPEC_PEER_KEEPALIVE_S", value)
     one, other = _tcp_pair()
     try:
-        peer_watch._keepalive(one)
+        keepalive.set_keepalive(one)
         got = _keepalive_of(one)
         assert got[0] != 0 and got[1:] == expected[1:]
-        assert got[1] + got[2] * got[3] == int(value or 6)
+        assert got[1] + got[2] * got[3] == int(value or 15)  # where the user timeout is ignored
     finally:
         one.close()
         other.close()
+
+
+def test_the_default_bounds_survive_a_10_s_stall_and_end_within_30_s():
+    """The bounds the docs state (docs/reliability.md, "Across hosts"): a
+    stall of up to 13 s ends nothing, a silent peer is gone 15-16 s after its
+    last sign, which leaves the engine's teardown 14 s of the 30 s bound."""
+    survived, gone_by = keepalive.keepalive_bounds(keepalive.DEFAULT_KEEPALIVE_S)
+    assert (survived, gone_by) == (13, 16)
+    assert survived >= 10 and gone_by <= 20
 
 
 @pytest.mark.parametrize("value", ["3", "0", "-6", "six", "6.5"])
 def test_a_keepalive_bound_that_cannot_be_set_is_refused_naming_it(monkeypatch, value):
     monkeypatch.setenv("VLLM_PPSPEC_PEER_KEEPALIVE_S", value)
     with pytest.raises(ValueError, match=r"VLLM_PPSPEC_PEER_KEEPALIVE_S.*at least 4"):
-        peer_watch.keepalive_s()
+        keepalive.keepalive_s()
 
 
 # ----------------------------------------------------------------------------

@@ -79,3 +79,8 @@ def veth_hosts(tag: str) -> Iterator[tuple[Host, Host]]:
 def link_down(host: Host) -> None:
     """Cut the link: ``host``'s end of the veth pair down (no FIN, no reset)."""
     _ip("-n", host.netns, "link", "set", host.ifname, "down")
+
+
+def link_up(host: Host) -> None:
+    """Restore the link cut by :func:`link_down` (the address and its route return)."""
+    _ip("-n", host.netns, "link", "set", host.ifname, "up")

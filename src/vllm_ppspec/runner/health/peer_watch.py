@@ -21,11 +21,16 @@ connection to every PP peer, on which nothing is sent but one goodbye byte:
   it ends, its kernel closes its sockets and this end reads EOF or a reset at
   once; a peer host that vanishes without closing them is caught by TCP
   keepalive. ``VLLM_PPSPEC_PEER_KEEPALIVE_S`` (a host-local setting, whole
-  seconds, at least 4, default 6) is the time from the last sign of a silent
-  peer to it being declared gone: idle ``total - 3 * interval``, then 3
-  probes ``interval = max(1, total // 6)`` apart (default: idle 3 s, 3 probes
-  1 s apart). A gone peer ends this worker (``rank_errors.end_worker``) and
-  vLLM stops the engine on this host.
+  seconds, at least 4, default 15) is the time from the last sign of a silent
+  peer to it being declared gone: a probe every ``interval = max(1, total //
+  10)`` s of silence (1 s by default) and ``TCP_USER_TIMEOUT`` of ``total``
+  (the kernel gives up at the first probe at or after ``total`` s without an
+  answer, unacked data or not). A link that stalls and comes back is answered
+  at the next probe: a stall shorter than ``total - 2 * interval`` (13 s by
+  default) ends nothing, a peer silent for good is gone ``total`` to ``total +
+  interval`` s after its last sign (``keepalive.py``). A gone peer
+  ends this worker (``rank_errors.end_worker``, naming the peer's rank and
+  address) and vLLM stops the engine on this host.
 
 An orderly stop: a worker that vLLM shuts down (its executor stops it, or it
 gets SIGINT / SIGTERM) calls :func:`say_goodbye` (``runner/health/orderly_stop.py``):
@@ -66,57 +71,24 @@ import time
 from pathlib import Path
 from typing import Any
 
+from vllm_ppspec.runner.health.keepalive import KEEPALIVE_ENV, keepalive_s, set_keepalive
+
 CONNECT_TIMEOUT_S = 30.0
-KEEPALIVE_ENV = "VLLM_PPSPEC_PEER_KEEPALIVE_S"
-DEFAULT_KEEPALIVE_S = 6
-MIN_KEEPALIVE_S = 4
-KEEPALIVE_PROBES = 3
 TOKEN_BYTES = 16
 HELLO = struct.Struct(f"!4sI{TOKEN_BYTES}s")  # magic, the connecting rank, its token
 MAGIC = b"PPSW"
 GOODBYE = b"G"
 SAID_GOODBYE = "it stopped in order (it said goodbye)"
+SILENT = (
+    f"its connection failed (Connection timed out): no answer for ${KEEPALIVE_ENV} "
+    "seconds, its host is silent or the link to it is cut"
+)
 # A peer of this rank's own executor that is gone: wait this long before
 # ending this worker, for the executor's own shutdown (which, in vLLM's abort
 # mode, SIGKILLs every worker one after another) to end this one first.
 SAME_EXECUTOR_GRACE_S = 0.25
 
 logger = logging.getLogger("vllm.ppspec")
-
-
-def keepalive_options(total_s: int) -> list[tuple[int, int]]:
-    """TCP keepalive options (option, seconds or count) that declare a silent
-    peer gone ``total_s`` seconds after its last sign of life."""
-    interval = max(1, total_s // 6)
-    idle = total_s - KEEPALIVE_PROBES * interval
-    return [
-        (socket.TCP_KEEPIDLE, idle),
-        (socket.TCP_KEEPINTVL, interval),
-        (socket.TCP_KEEPCNT, KEEPALIVE_PROBES),
-    ]
-
-
-def keepalive_s() -> int:
-    """``VLLM_PPSPEC_PEER_KEEPALIVE_S``, checked (ValueError naming it)."""
-    raw = os.environ.get(KEEPALIVE_ENV, "").strip()
-    if not raw:
-        return DEFAULT_KEEPALIVE_S
-    try:
-        total = int(raw)
-    except ValueError:
-        total = 0
-    if total < MIN_KEEPALIVE_S:
-        raise ValueError(
-            f"${KEEPALIVE_ENV}={raw!r}: give whole seconds, at least {MIN_KEEPALIVE_S} "
-            f"(default {DEFAULT_KEEPALIVE_S})"
-        )
-    return total
-
-
-def _keepalive(sock: socket.socket, total_s: int | None = None) -> None:
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    for option, value in keepalive_options(keepalive_s() if total_s is None else total_s):
-        sock.setsockopt(socket.IPPROTO_TCP, option, value)
 
 
 def executor_id() -> str:
@@ -135,12 +107,25 @@ def executor_id() -> str:
 
 class Peers(dict[int, socket.socket]):
     """Every other rank of the PP group -> its connection; ``rank``: this
-    rank; ``same_executor``: the ranks this rank's executor started."""
+    rank; ``same_executor``: the ranks this rank's executor started;
+    ``addresses``: each peer's address (``host:port`` of its peer watch)."""
 
-    def __init__(self, rank: int, socks: dict[int, socket.socket], same_executor: frozenset[int]):
+    def __init__(
+        self,
+        rank: int,
+        socks: dict[int, socket.socket],
+        same_executor: frozenset[int],
+        addresses: dict[int, str] | None = None,
+    ):
         super().__init__(socks)
         self.rank = rank
         self.same_executor = same_executor
+        self.addresses = addresses or {}
+
+    def name(self, rank: int) -> str:
+        """``PP rank R at HOST:PORT``: the peer, and the host it is on."""
+        where = self.addresses.get(rank)
+        return f"PP rank {rank} at {where}" if where else f"PP rank {rank}"
 
 
 def connect_peers(cpu_group: Any, host: str) -> Peers:
@@ -178,9 +163,14 @@ def connect_peers(cpu_group: Any, host: str) -> Peers:
         listener.close()
     for sock in socks.values():
         sock.settimeout(None)
-        _keepalive(sock, total_s)
+        set_keepalive(sock, total_s)
     same = frozenset(r for r in socks if published[r][3] == mine[3])
-    return Peers(rank, socks, same)
+    addresses = {r: _address(*published[r][:2]) for r in socks}
+    return Peers(rank, socks, same, addresses)
+
+
+def _address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def accept_lower_ranks(
@@ -276,7 +266,9 @@ def first_gone(socks: dict[int, socket.socket]) -> tuple[int, str]:
                     data = socks[rank].recv(1)
                 except BlockingIOError:
                     continue
-                except OSError as e:  # reset, or keepalive gave up on the host
+                except TimeoutError:  # keepalive gave up on the host
+                    return rank, SILENT
+                except OSError as e:  # reset
                     return rank, f"its connection failed ({e.strerror or e})"
                 if data == b"":
                     return rank, "its connection closed"
@@ -335,7 +327,7 @@ class Watch:
                     stop_this_node(self.parent)
                     return
                 what = "a PP peer stopped" if goodbye else "a PP peer died"
-                rank_errors.end_worker(RuntimeError(f"PP rank {rank}: {seen}"), what)
+                rank_errors.end_worker(RuntimeError(f"{self.peers.name(rank)}: {seen}"), what)
 
     def say_goodbye(self) -> None:
         """Once: send each peer the goodbye. After it, only a peer of this
