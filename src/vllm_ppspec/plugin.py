@@ -16,6 +16,7 @@ INSTALL_FAILED = (
     "and vLLM runs as without the plugin. The plugin's worker refuses to start."
 )
 
+
 def register() -> None:
     """Install the config patches on a supported vLLM; on any other, warn and do nothing.
 
