@@ -14,9 +14,11 @@ budget_begin
 # The wheels download while the installs run.
 bash scripts/downloads.sh start vllm-0.33.0 smollm2
 
+# budget_run runs it inside a `||`, where bash ignores `set -e`: each command
+# says its own failure (tests/test_ci_steps.py).
 setup() {
-  bash scripts/setup.sh
-  bash scripts/downloads.sh wait vllm-0.33.0
+  bash scripts/setup.sh || return
+  bash scripts/downloads.sh wait vllm-0.33.0 || return
   bash scripts/setup_overlay.sh
 }
 

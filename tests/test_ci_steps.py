@@ -1,0 +1,133 @@
+"""A CI step fails when any command inside it fails (``.ci/run``,
+``scripts/test.sh``).
+
+Each case runs the repository's own ``.ci/run``, ``scripts/test.sh`` and
+``scripts/budget.sh`` in a copy of the tree whose installs, downloads, tools and
+interpreters are stand-ins: each stand-in records its call and succeeds, except
+the one call a case makes fail, which is followed by calls that succeed (the
+shape that hid a failure: bash ignores ``set -e`` inside a function run in a
+``||`` context, as ``budget_run`` runs every part, so such a function returned
+its last command's status only). No install, no download, no vLLM: a few
+seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+# The scripts under test, copied as they are.
+REAL = [".ci/run", "scripts/test.sh", "scripts/budget.sh", "tests/on_vllm_0.33.txt"]
+# The stand-ins: run with bash (scripts) or executed (the interpreters).
+STAND_INS = [
+    "scripts/setup.sh",
+    "scripts/setup_overlay.sh",
+    "scripts/downloads.sh",
+    "scripts/check_wheel.sh",
+    ".venv/bin/python",
+    ".venv-0.33/bin/python",
+]
+STAND_IN = """#!/usr/bin/env bash
+call="{name}${{*:+ $*}}"
+echo "$call" >> "$CALLS"
+case "$call" in
+  "{fail}"*) exit 7 ;;
+esac
+exit 0
+"""
+
+
+def _run(tmp_path: Path, script: str, fail: str) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """Run ``script`` (a path in the tree) in a copy of the tree where each call
+    starting with ``fail`` exits 7; the result and every call made."""
+    root = tmp_path / "repo"
+    for path in REAL:
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO / path, root / path)
+    for path in STAND_INS:
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text(STAND_IN.format(name=path, fail=fail))
+        (root / path).chmod(0o755)
+    calls = tmp_path / "calls"
+    calls.touch()
+    env = {**os.environ, "CALLS": str(calls), "TMPDIR": str(tmp_path)}
+    env.pop("PPSPEC_BUDGET_FILE", None)
+    out = subprocess.run(
+        ["bash", str(root / script)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return out, calls.read_text().splitlines()
+
+
+def _parts(out: subprocess.CompletedProcess) -> dict[str, str]:
+    """The budget table's rows: part -> its seconds ("-": not run)."""
+    rows = out.stdout.split("== BUDGET")[-1].splitlines()[2:]
+    return {row.split()[0]: row.split()[1] for row in rows if row.split()}
+
+
+def _codes(tmp_path: Path) -> dict[str, int]:
+    """The budget record's exit code of each part (scripts/budget.sh)."""
+    (record,) = tmp_path.glob("ppspec-budget.*")
+    lines = record.read_text().splitlines()[1:]
+    return {part: int(code) for part, _, code in (line.split() for line in lines)}
+
+
+NOTHING = "__nothing_fails__"
+
+
+def test_the_ci_run_passes_when_every_command_passes(tmp_path):
+    out, calls = _run(tmp_path, ".ci/run", NOTHING)
+    assert out.returncode == 0, out.stdout + out.stderr
+    for call in [
+        "scripts/setup.sh",
+        "scripts/downloads.sh wait vllm-0.33.0",
+        "scripts/setup_overlay.sh",
+        ".venv/bin/python -m vllm_ppspec_tools.drift 0.32.0 --cache .cache/wheels",
+        ".venv/bin/python -m vllm_ppspec_tools.drift 0.33.0 --cache .cache/wheels",
+        ".venv/bin/python -m pre_commit run --all-files",
+        "scripts/check_wheel.sh",
+    ]:
+        assert call in calls, (call, calls)
+    parts = _parts(out)
+    assert all(
+        parts[p] != "-" for p in ["setup", "unit", "e2e", "vllm-0.33", "drift", "gate", "wheel"]
+    )
+
+
+# id -> (the call that fails, the step it belongs to). In the drift and setup
+# steps a later command succeeds (the 0.33.0 check; the download wait and the
+# overlay); the gate is one command.
+CI_FAILURES = {
+    "drift-0.32.0": (".venv/bin/python -m vllm_ppspec_tools.drift 0.32.0", "drift"),
+    "drift-download": ("scripts/downloads.sh wait vllm-0.32.0", "drift"),
+    "gate": (".venv/bin/python -m pre_commit", "gate"),
+    "setup": ("scripts/setup.sh", "setup"),
+}
+
+
+@pytest.mark.parametrize(("fail", "part"), CI_FAILURES.values(), ids=CI_FAILURES.keys())
+def test_a_failing_command_fails_its_step_and_the_ci_run(tmp_path, fail, part):
+    out, _ = _run(tmp_path, ".ci/run", fail)
+    assert out.returncode != 0, out.stdout + out.stderr
+    assert _codes(tmp_path)[part] != 0, _codes(tmp_path)
+
+
+SETUP_FAILURES = ["scripts/setup.sh", "scripts/downloads.sh wait vllm-0.33.0"]
+
+
+@pytest.mark.parametrize("fail", SETUP_FAILURES)
+def test_a_failing_setup_command_fails_the_test_run_before_any_test(tmp_path, fail):
+    out, calls = _run(tmp_path, "scripts/test.sh", fail)
+    assert out.returncode != 0, out.stdout + out.stderr
+    assert not [c for c in calls if "pytest" in c], calls
+    assert _codes(tmp_path) == {"setup": 7}
