@@ -3,10 +3,13 @@
 vLLM keeps ``parallel_config.nnodes`` at 1 under Ray, which places ranks on
 several hosts. The stand-in here is that placement without Ray (Ray refuses
 vLLM's CPU platform): two PP ranks joined by a gloo group, each in its own
-network namespace with its own ``/dev/shm`` (``vllm_ppspec_tools/hosts/netns.py``), and nothing
-telling them how many nodes there are. Each rank picks its peer-watch address
-(``runner/health/placement.py``) and connects its peer watch; the same two ranks in
-the root namespace use the loopback.
+network namespace (``vllm_ppspec_tools/hosts/netns.py``), with its own
+``/dev/shm`` or one shared between them (two containers with their own
+network and ``--ipc=host``), and nothing telling them how many nodes there
+are. Each rank picks its peer-watch address (``runner/health/placement.py``)
+and connects its peer watch; the same two ranks in the root namespace use
+the loopback. Under Ray the address is Ray's node IP, not ``get_ip()``'s (a
+stand-in for ``ray``).
 """
 
 from __future__ import annotations
@@ -14,9 +17,13 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import types
 from pathlib import Path
 
+import pytest
+
 from tests.delay_ranks import run_json_ranks
+from vllm_ppspec.runner.health import placement
 from vllm_ppspec_tools.hosts.netns import veth_hosts
 
 REPO = Path(__file__).resolve().parent.parent
@@ -49,11 +56,18 @@ def _env(**extra: str) -> dict[str, str]:
     return {**env, "PYTHONPATH": str(REPO), **extra}
 
 
-def test_ranks_on_two_hosts_watch_each_other_on_their_own_addresses():
+@pytest.mark.parametrize("shm", ["own", "shared"])
+def test_ranks_on_two_hosts_watch_each_other_on_their_own_addresses(shm):
+    """``shared``: both namespaces see one ``/dev/shm`` (vLLM's shared-memory
+    test says one node); before the network check both ranks listened on
+    their own loopback and the connection was refused."""
     with veth_hosts("place") as (a, b):
         init = f"tcp://{a.addr}:{_free_port()}"
         cmds = []
         for rank, host in enumerate((a, b)):
+            if shm == "shared":
+                cmds.append(host.cmd(sys.executable, "-c", RANK, str(rank), init))
+                continue
             own_shm = f'mount -t tmpfs tmpfs /dev/shm && exec {sys.executable} -c "$0" $@'
             cmds.append(host.cmd("unshare", "--mount", "sh", "-c", own_shm, RANK, str(rank), init))
         envs = [_env(VLLM_HOST_IP=h.addr, GLOO_SOCKET_IFNAME=h.ifname) for h in (a, b)]
@@ -70,6 +84,51 @@ def test_ranks_on_one_host_watch_each_other_on_the_loopback():
     assert (r0["one_host"], r1["one_host"]) == (True, True)
     assert r0["host"] == r1["host"] == "127.0.0.1"
     assert (r0["peers"], r1["peers"]) == ([1], [0])
+
+
+def test_the_loopback_is_chosen_only_for_one_network_namespace():
+    """The decision from each rank's (boot id, network namespace)."""
+    me = placement.network_id()
+    assert me is not None and me == placement.network_id()
+    boot = me.split()[0]
+    assert placement.one_network([me, me, me]) is True
+    assert placement.one_network([me, f"{boot} net:[1]"]) is False  # another namespace
+    assert placement.one_network([me, f"another-boot {me.split()[1]}"]) is False  # machine
+    assert placement.one_network([me, None]) is None  # unknown: vLLM's shm test decides
+
+
+class _StandInRay(types.ModuleType):
+    """What the placement reads of ``ray`` in a Ray worker."""
+
+    def __init__(self, node_ip: str, connected: bool = True):
+        super().__init__("ray")
+        self.connected = connected
+        self.util = types.SimpleNamespace(get_node_ip_address=lambda: node_ip)
+
+    def is_initialized(self) -> bool:
+        return self.connected
+
+
+def test_under_ray_the_address_is_ray_s_node_ip_not_get_ip_s(monkeypatch):
+    """vLLM strips ``VLLM_HOST_IP`` from Ray's actors and its Ray executor
+    gives its queues ``ray.util.get_node_ip_address()``: a ``get_ip()`` that
+    guesses a non-routable address is not followed under Ray."""
+    from vllm.utils import network_utils
+
+    monkeypatch.delenv("VLLM_HOST_IP", raising=False)
+    monkeypatch.setattr(network_utils, "get_ip", lambda: "192.0.2.1")  # TEST-NET-1
+    monkeypatch.setattr(placement, "pp_on_one_host", lambda group: False)
+    monkeypatch.setitem(sys.modules, "ray", _StandInRay("10.20.30.40"))
+    assert placement.peer_watch_host(None) == "10.20.30.40"
+    # Ray imported but not connected (not a Ray worker), or not imported: get_ip().
+    monkeypatch.setitem(sys.modules, "ray", _StandInRay("10.20.30.40", connected=False))
+    assert placement.peer_watch_host(None) == "192.0.2.1"
+    monkeypatch.delitem(sys.modules, "ray")
+    assert placement.peer_watch_host(None) == "192.0.2.1"
+    # On one network the loopback, under Ray too.
+    monkeypatch.setitem(sys.modules, "ray", _StandInRay("10.20.30.40"))
+    monkeypatch.setattr(placement, "pp_on_one_host", lambda group: True)
+    assert placement.peer_watch_host(None) == "127.0.0.1"
 
 
 def test_the_remote_read_patch_is_installed_whatever_nnodes_says(monkeypatch):

@@ -1,31 +1,94 @@
-"""Where the PP ranks are: one host, or several.
+"""Where the PP ranks are: one network, or several hosts.
 
 The peer watch (``peer_watch.py``) listens on the loopback when every PP rank
-is on this host, and on the address vLLM uses for this node otherwise. That
-is read from where the ranks actually are, not from ``--nnodes``: vLLM keeps
-``parallel_config.nnodes`` at 1 under Ray, which places ranks on several
-hosts. vLLM's own test (``in_the_same_node_as``: can each rank open a shared
-memory segment the first rank made) is the fact used; vLLM uses it for the
-same question when it builds its shared-memory broadcasters.
+shares this rank's network namespace on this machine, and on this node's
+address otherwise. That is read from where the ranks actually are, not from
+``--nnodes``: vLLM keeps ``parallel_config.nnodes`` at 1 under Ray, which
+places ranks on several hosts.
+
+- **Loopback only inside one network namespace.** Each rank publishes its
+  boot id (one per running kernel) and its network namespace
+  (``/proc/self/ns/net``); the loopback is used when all are the same. vLLM's
+  own test (``in_the_same_node_as``: can each rank open a shared-memory
+  segment the first rank made) is not enough: two containers on one machine,
+  each with its own network and ``--ipc=host`` (vLLM's recommended flag),
+  pass it, and each would listen on its own loopback. It is used only when a
+  rank cannot read its namespace.
+- **This node's address.** Under Ray it is Ray's node IP
+  (``ray.util.get_node_ip_address()``), the address vLLM's Ray executor
+  (``RayExecutorV2``) gives its message queues: vLLM strips ``VLLM_HOST_IP``
+  from Ray's actors, and ``get_ip()``'s guess is often not routable between
+  nodes. Elsewhere it is vLLM's ``get_ip()`` (``VLLM_HOST_IP`` when set).
 """
 
 from __future__ import annotations
 
+import os
+import sys
+from pathlib import Path
 from typing import Any
 
 
+def network_id() -> str | None:
+    """This process's network namespace on this running kernel, or None if
+    unreadable. Equal ids: the same loopback."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        net = os.readlink("/proc/self/ns/net")
+    except OSError:
+        return None
+    return f"{boot} {net}"
+
+
+def one_network(ids: list[str | None]) -> bool | None:
+    """The decision from every rank's :func:`network_id`: True when all are
+    the same namespace, False when any two differ, None when one is unknown."""
+    if None in ids:
+        return None
+    return len(set(ids)) == 1
+
+
 def pp_on_one_host(cpu_group: Any) -> bool:
-    """Collective on the PP group's gloo ``cpu_group``, every rank, once: a
-    broadcast from the group's first rank, then an all-reduce (inside vLLM's
-    ``in_the_same_node_as``). Every rank gets the same answer."""
+    """Collective on the PP group's gloo ``cpu_group``, every rank, once: an
+    ``all_gather_object`` of :func:`network_id` (and, when a rank could not
+    read it, vLLM's ``in_the_same_node_as``). Every rank gets the same answer:
+    whether all ranks share one loopback."""
+    import torch.distributed as dist
+
+    ids: list[Any] = [None] * dist.get_world_size(cpu_group)
+    dist.all_gather_object(ids, network_id(), group=cpu_group)
+    shared = one_network(ids)
+    if shared is not None:
+        return shared
     from vllm.distributed.parallel_state import in_the_same_node_as
 
     return all(in_the_same_node_as(cpu_group, source_rank=0))
 
 
+def ray_node_ip() -> str | None:
+    """Ray's IP for this node when this process is a Ray worker (Ray imported
+    and connected), else None."""
+    ray = sys.modules.get("ray")
+    if ray is None:
+        return None
+    try:
+        if not ray.is_initialized():
+            return None
+        return str(ray.util.get_node_ip_address())
+    except Exception:  # a Ray too old or half torn down: vLLM's own guess then
+        return None
+
+
+def node_address() -> str:
+    """The address other hosts reach this rank's node on (see the module docstring)."""
+    from vllm.utils.network_utils import get_ip
+
+    return ray_node_ip() or get_ip()
+
+
 def peer_watch_host(cpu_group: Any) -> str:
     """The address this rank's peer watch listens on (collective, see
     :func:`pp_on_one_host`)."""
-    from vllm.utils.network_utils import get_ip, get_loopback_ip
+    from vllm.utils.network_utils import get_loopback_ip
 
-    return get_loopback_ip() if pp_on_one_host(cpu_group) else get_ip()
+    return get_loopback_ip() if pp_on_one_host(cpu_group) else node_address()
