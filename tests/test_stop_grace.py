@@ -25,7 +25,7 @@ def _fresh(monkeypatch):
     monkeypatch.delenv("VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS", raising=False)
 
 
-def _build(models, nnodes: int, spec: bool = True, pp: int = 2) -> None:
+def _build(models, nnodes: int, spec: bool = True, pp: int = 2, dp: int = 1) -> None:
     from vllm.engine.arg_utils import EngineArgs
 
     draft = {
@@ -41,6 +41,8 @@ def _build(models, nnodes: int, spec: bool = True, pp: int = 2) -> None:
         pipeline_parallel_size=pp,
         nnodes=nnodes,
         node_rank=0,
+        data_parallel_size=dp,
+        data_parallel_size_local=1,
         master_addr="127.0.0.1",
         distributed_executor_backend="mp",
         speculative_config=draft if spec else None,
@@ -72,17 +74,21 @@ def test_a_drain_timeout_and_other_windows_stay_vllms(models):
 
 
 @pytest.mark.parametrize(
-    ("case", "nnodes", "spec", "pp", "auto"),
+    ("case", "nnodes", "spec", "pp", "auto", "dp"),
     [
-        ("one node", 1, True, 2, None),
-        ("no speculative decoding", 2, False, 2, None),
-        ("vLLM's own worker", 2, True, 2, "0"),
+        ("one node", 1, True, 2, None, 1),
+        ("no speculative decoding", 2, False, 2, None, 1),
+        ("vLLM's own worker", 2, True, 2, "0", 1),
+        # --nnodes 2 with each DP replica's pipeline on its own node: no pipeline crosses hosts
+        ("each DP replica on its own node", 2, True, 2, None, 2),
     ],
 )
-def test_elsewhere_a_stop_at_timeout_0_is_vllms(models, monkeypatch, case, nnodes, spec, pp, auto):
+def test_elsewhere_a_stop_at_timeout_0_is_vllms(
+    models, monkeypatch, case, nnodes, spec, pp, auto, dp
+):
     if auto is not None:
         monkeypatch.setenv("VLLM_PPSPEC_AUTO", auto)
-    _build(models, nnodes=nnodes, spec=spec, pp=pp)
+    _build(models, nnodes=nnodes, spec=spec, pp=pp, dp=dp)
     assert _window(0, 0) == 0, case
 
 

@@ -12,24 +12,28 @@ from __future__ import annotations
 import pytest
 
 from vllm_ppspec import WORKER_QUALNAME
-from vllm_ppspec.patches.worker_choice import Choice, Facts, decide
+from vllm_ppspec.patches.worker_choice import Choice, Facts, auto_setting, decide
 from vllm_ppspec.plugin import register
 from vllm_ppspec_tools.fixtures.spec_configs import tiny_spec
 
 register()
 
 P, V1, V2, NONE, REF = Choice.PLUGIN, Choice.VLLM_V1, Choice.VLLM_V2, Choice.VLLM, Choice.REFUSED
+OTHER = Choice.OTHER_PLATFORM
 STOCK = "vllm.v1.worker.gpu_worker.Worker"
+METHODS = ("ngram", "draft_model", "eagle", "eagle3", "mtp")
 
 
 def facts(**kw) -> Facts:
     base = dict(
         pp=2,
+        dp=1,
         method="draft_model",
         worker_cls="auto",
-        auto="1",
+        auto="on",
         v2_required=None,
         v2_by_default=False,
+        platform="cpu",
     )
     return Facts(**{**base, **kw})  # type: ignore[arg-type]
 
@@ -37,15 +41,23 @@ def facts(**kw) -> Facts:
 # (facts, who serves): the rows of docs/support.md, "Who serves PP + speculative decoding".
 TABLE = [
     # V1 is vLLM's choice (CPU, no Triton, VLLM_USE_V2_MODEL_RUNNER=0, a V2-only feature missing)
-    *[(facts(method=m), P) for m in ("ngram", "draft_model", "eagle", "eagle3", "mtp")],
+    *[(facts(method=m), P) for m in METHODS],
     *[(facts(method=m), V1) for m in ("suffix", "ngram_gpu", "dflash", "dspark", "medusa")],
-    (facts(auto="0"), V1),
+    (facts(auto="off"), V1),
     (facts(auto="always"), P),
+    # DP > 1 with spec: the plugin's worker as under PP (PP=1 and PP=2)
+    *[(facts(pp=1, dp=2, method=m), P) for m in METHODS],
+    *[(facts(pp=2, dp=2, method=m), P) for m in METHODS],
+    (facts(pp=1, dp=2, method="suffix"), V1),
+    (facts(pp=1, dp=2, auto="off"), V1),
+    (facts(pp=1, dp=2, v2_by_default=True), V2),
+    (facts(pp=1, dp=2, v2_required="VLLM_USE_V2_MODEL_RUNNER=1"), V2),
+    (facts(pp=1, dp=2, method=None), NONE),
     # V2 is vLLM's default choice (CUDA with Triton)
     *[(facts(method=m, v2_by_default=True), V2) for m in ("ngram", "draft_model", "mtp")],
     *[(facts(method=m, v2_by_default=True, auto="always"), P) for m in ("eagle3", "ngram")],
     (facts(method="dflash", v2_by_default=True, auto="always"), V2),
-    (facts(v2_by_default=True, auto="0"), V2),
+    (facts(v2_by_default=True, auto="off"), V2),
     # V2 is required (VLLM_USE_V2_MODEL_RUNNER=1, HiSparse, watermarking)
     *[(facts(v2_required=r), V2) for r in ("VLLM_USE_V2_MODEL_RUNNER=1", "HiSparse")],
     (facts(v2_required="watermarking", auto="always"), V2),
@@ -55,6 +67,20 @@ TABLE = [
     (facts(worker_cls=WORKER_QUALNAME), P),
     (facts(worker_cls=STOCK), V1),
     (facts(worker_cls=STOCK, v2_by_default=True), V2),
+    # The plugin's worker named on a line that is not PP/DP + spec: vLLM's own
+    # choice of runner (V1: the plugin's worker with nothing of the plugin per
+    # step; V2: vLLM's own worker), never a refusal
+    (facts(pp=1, worker_cls=WORKER_QUALNAME), P),
+    (facts(method=None, worker_cls=WORKER_QUALNAME), P),
+    (facts(pp=1, worker_cls=WORKER_QUALNAME, v2_by_default=True), V2),
+    (facts(pp=1, worker_cls=WORKER_QUALNAME, v2_required="VLLM_USE_V2_MODEL_RUNNER=1"), V2),
+    # Platforms the plugin has no worker for: vLLM's own worker, any setting
+    *[(facts(platform=pl), OTHER) for pl in ("xpu", "tpu", "oot")],
+    (facts(platform="xpu", auto="always"), OTHER),
+    (facts(platform="xpu", pp=1, dp=2), OTHER),
+    *[(facts(platform=pl, worker_cls=WORKER_QUALNAME), REF) for pl in ("xpu", "tpu")],
+    (facts(platform="xpu", pp=1, worker_cls=WORKER_QUALNAME), REF),
+    (facts(platform="xpu", method=None), NONE),
     # Nothing to take over
     (facts(pp=1), NONE),
     (facts(method=None), NONE),
@@ -123,6 +149,7 @@ def _use_v2_env(monkeypatch, value: str | None) -> None:
 
 
 @pytest.mark.parametrize("method", ["ngram", "draft_copy", "eagle", "eagle3", "mtp"])
+@pytest.mark.parametrize(("dp", "pp"), [(1, 2), (2, 1), (2, 2)], ids=["pp2", "dp2", "dp2xpp2"])
 @pytest.mark.parametrize(
     ("has_triton", "use_v2", "plugin"),
     [
@@ -134,12 +161,16 @@ def _use_v2_env(monkeypatch, value: str | None) -> None:
     ids=["no-triton", "triton", "triton-v2=0", "triton-v2=1"],
 )
 def test_auto_selects_the_plugin_only_where_vllm_runs_v1(
-    models, triton, monkeypatch, method, has_triton, use_v2, plugin
+    models, triton, monkeypatch, method, dp, pp, has_triton, use_v2, plugin
 ):
+    """Every cell of the table through ``EngineArgs``: speculative decoding with
+    PP=2, DP=2 (PP=1) and DP=2 x PP=2, each method, each runner condition."""
     triton(has_triton)
     _use_v2_env(monkeypatch, use_v2)
     target, spec = tiny_spec(models, method, 3)
-    cfg = _config(models[target], pipeline_parallel_size=2, speculative_config=spec)
+    cfg = _config(
+        models[target], pipeline_parallel_size=pp, data_parallel_size=dp, speculative_config=spec
+    )
     worker, v2 = _served_by(cfg)
     if plugin:
         assert (worker, v2) == (WORKER_QUALNAME, False)
@@ -258,3 +289,160 @@ def test_watermarking_and_hisparse_are_left_to_vllms_v2(models, triton):
     cfg.watermark_config = object()  # any value: vLLM checks it is set
     f = facts_of(cfg, lambda c: True)
     assert f.v2_required == "watermarking" and decide(f).choice is Choice.VLLM_V2
+
+
+# ---------------------------------------------------------------------------
+# VLLM_PPSPEC_AUTO's values.
+# ---------------------------------------------------------------------------
+
+
+def _pp2_spec(models, monkeypatch, auto: str):
+    monkeypatch.setenv("VLLM_PPSPEC_AUTO", auto)
+    target, spec = tiny_spec(models, "draft_copy", 3)
+    return _config(models[target], pipeline_parallel_size=2, speculative_config=spec)
+
+
+@pytest.mark.parametrize("value", ["0", "false", "OFF", "No"])
+def test_auto_off_values_keep_vllms_worker(models, triton, monkeypatch, value):
+    triton(False)
+    worker, v2 = _served_by(_pp2_spec(models, monkeypatch, value))
+    assert not worker.startswith("vllm_ppspec") and v2 is False, worker
+
+
+@pytest.mark.parametrize("value", ["1", "true", "ON", "Yes", ""])
+def test_auto_on_values_select_as_the_rule_says(models, triton, monkeypatch, value):
+    triton(False)
+    assert _served_by(_pp2_spec(models, monkeypatch, value)) == (WORKER_QUALNAME, False)
+
+
+@pytest.mark.parametrize("value", ["sometimes", "2", "enable"])
+def test_other_auto_values_are_refused_at_config_time_naming_the_values(
+    models, triton, monkeypatch, value
+):
+    triton(False)
+    with pytest.raises(ValueError, match=f"VLLM_PPSPEC_AUTO='{value}' is not a value it takes"):
+        _pp2_spec(models, monkeypatch, value)
+    with pytest.raises(ValueError, match="0, false, off or no keep vLLM's own worker"):
+        auto_setting(value)
+
+
+# ---------------------------------------------------------------------------
+# Platforms: vLLM's platform object replaced by a stand-in of each kind.
+# ---------------------------------------------------------------------------
+
+
+class _Platform:
+    """A stand-in for vLLM's platform object (what worker_choice reads of it)."""
+
+    def __init__(self, name: str):
+        self.device_name = name
+
+    def is_cpu(self) -> bool:
+        return self.device_name == "cpu"
+
+    def is_cuda(self) -> bool:
+        return self.device_name == "cuda"
+
+
+@pytest.fixture
+def pp2_config(models, triton):
+    """A PP=2 + spec config built on the CPU platform, its worker back at ``auto``."""
+    triton(False)
+    target, spec = tiny_spec(models, "draft_copy", 3)
+    cfg = _config(models[target], pipeline_parallel_size=2, speculative_config=spec)
+    cfg.parallel_config.worker_cls = "auto"
+    return cfg
+
+
+@pytest.fixture
+def notices(monkeypatch):
+    from vllm_ppspec.patches import config as config_patches
+
+    said: list[tuple[str, str]] = []
+    monkeypatch.setattr(config_patches, "_log_once", lambda level, msg: said.append((level, msg)))
+    return said
+
+
+@pytest.mark.parametrize("name", ["xpu", "tpu", "my_oot_device"])
+def test_on_another_platform_auto_leaves_vllms_worker_with_one_info_line(
+    pp2_config, notices, monkeypatch, name
+):
+    import vllm.platforms
+
+    from vllm_ppspec.patches.config import select_worker
+
+    monkeypatch.setattr(vllm.platforms, "_current_platform", _Platform(name))
+    assert select_worker(pp2_config).choice is Choice.OTHER_PLATFORM
+    assert pp2_config.parallel_config.worker_cls == "auto"
+    assert len(notices) == 1 and notices[0][0] == "info", notices
+    assert "vLLM's own worker serves" in notices[0][1] and f"the {name} platform" in notices[0][1]
+
+
+@pytest.mark.parametrize("name", ["xpu", "tpu", "my_oot_device"])
+def test_on_another_platform_the_plugins_worker_named_is_refused_naming_it(
+    pp2_config, monkeypatch, name
+):
+    import vllm.platforms
+
+    from vllm_ppspec.patches.config import select_worker
+
+    monkeypatch.setattr(vllm.platforms, "_current_platform", _Platform(name))
+    pp2_config.parallel_config.worker_cls = WORKER_QUALNAME
+    with pytest.raises(ValueError, match=f"has no worker for vLLM's {name} platform"):
+        select_worker(pp2_config)
+
+
+@pytest.mark.parametrize("name", ["cpu", "cuda"])
+def test_on_cpu_and_cuda_auto_selects_the_plugin_where_vllm_runs_v1(
+    pp2_config, notices, monkeypatch, name
+):
+    import vllm.platforms
+
+    from vllm_ppspec.patches.config import select_worker
+
+    monkeypatch.setattr(vllm.platforms, "_current_platform", _Platform(name))
+    assert select_worker(pp2_config).choice is Choice.PLUGIN
+    assert pp2_config.parallel_config.worker_cls == WORKER_QUALNAME
+
+
+# ---------------------------------------------------------------------------
+# The plugin's worker named on a line that is not PP/DP + speculative decoding.
+# ---------------------------------------------------------------------------
+
+
+def test_the_plugins_worker_named_where_vllm_picks_v2_off_pp_and_dp_is_vllms_own(
+    models, triton, monkeypatch
+):
+    """No forced V1 and no refusal: vLLM's own worker and its V2 serve, as
+    without the plugin (CUDA's default, and VLLM_USE_V2_MODEL_RUNNER=1)."""
+    triton(True)
+    target, spec = tiny_spec(models, "draft_copy", 3)
+    lines = [
+        dict(pipeline_parallel_size=1, speculative_config=spec),
+        dict(pipeline_parallel_size=2),
+    ]
+    for use_v2 in (None, "1"):
+        _use_v2_env(monkeypatch, use_v2)
+        for line in lines:
+            worker, v2 = _served_by(_config(models[target], worker_cls=WORKER_QUALNAME, **line))
+            assert not worker.startswith("vllm_ppspec") and v2 is True, (use_v2, line, worker)
+
+
+def test_the_plugins_worker_named_where_vllm_runs_v1_off_pp_and_dp_serves_as_vllms(models, triton):
+    """On V1 (the CPU platform) it serves, with vLLM's scheduler and nothing of
+    the plugin per step (its mode is off)."""
+    from vllm_ppspec.patches.config import plugin_mode
+    from vllm_ppspec.policy import Mode
+
+    triton(False)
+    target, spec = tiny_spec(models, "draft_copy", 3)
+    cfg = _config(
+        models[target],
+        pipeline_parallel_size=1,
+        speculative_config=spec,
+        worker_cls=WORKER_QUALNAME,
+    )
+    assert _served_by(cfg) == (WORKER_QUALNAME, False)
+    assert plugin_mode(cfg) is Mode.OFF
+    sched = cfg.scheduler_config.scheduler_cls
+    assert sched is None or not str(sched).startswith("vllm_ppspec"), sched

@@ -79,7 +79,8 @@ REGISTRY: tuple[Patch, ...] = (
             "other node reports a dead peer (an ERROR, 'died unexpectedly')"
         ),
         how=(
-            "with the plugin's worker across nodes (mp, --nnodes > 1) only, where vLLM "
+            "with the plugin's worker on a pipeline across nodes (mp, PP > 1, a DP replica "
+            "spanning nodes) only, where vLLM "
             "gives no window of its own: the window VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS "
             "(5 s), as vLLM gives ROCm; requests are still aborted at once"
         ),
@@ -88,6 +89,23 @@ REGISTRY: tuple[Patch, ...] = (
             "(ROCm's window; 0.33 adds the variable)"
         ),
         remove_when="vLLM stops an mp executor's workers in order at --shutdown-timeout 0",
+    ),
+    Patch(
+        module="vllm_ppspec.patches.deployment_check",
+        when="config",
+        targets=("vllm.distributed.parallel_state:initialize_model_parallel",),
+        why=(
+            "each host and DP replica decides alone who serves (VLLM_PPSPEC_AUTO, "
+            "VLLM_USE_V2_MODEL_RUNNER): a rank running vLLM's own worker beside the "
+            "plugin's would be found only by the runner's start-up timeout, or never"
+        ),
+        how=(
+            "for speculative decoding with PP > 1 or DP > 1 only, after vLLM built its "
+            "groups: one gloo gather of each rank's worker, runner, mode and vLLM release "
+            "on the world group; a difference raises on every rank, naming it"
+        ),
+        upstream="none found; vllm/distributed/parallel_state.py:initialize_model_parallel",
+        remove_when="vLLM serves speculative decoding with PP and DP on the runner users run",
     ),
     Patch(
         module="vllm_ppspec.patches.async_hold",

@@ -51,7 +51,7 @@ import functools
 from typing import Any
 
 from vllm_ppspec import WORKER_QUALNAME, policy
-from vllm_ppspec.patches import remote_reads, stop_grace
+from vllm_ppspec.patches import deployment_check, remote_reads, stop_grace
 from vllm_ppspec.patches.async_hold import hold_async, restore_async
 from vllm_ppspec.patches.worker_choice import (
     AUTO_ENV,
@@ -196,10 +196,10 @@ def _wrap_max_concurrent_batches(original_prop: property) -> property:
 def batches_in_flight(vllm_config: Any) -> int:
     """Batches the engine keeps in flight under PP + spec with the plugin."""
     pp = int(vllm_config.parallel_config.pipeline_parallel_size)
-    return policy.batches_in_flight(_mode(vllm_config), pp)
+    return policy.batches_in_flight(plugin_mode(vllm_config), pp)
 
 
-def _mode(vllm_config: Any) -> Mode:
+def plugin_mode(vllm_config: Any) -> Mode:
     if not spec_pp_active(vllm_config):
         return Mode.OFF
     return policy.mode_of(
@@ -210,17 +210,21 @@ def _mode(vllm_config: Any) -> Mode:
 
 
 AUTO_NOTICE = (
-    "vllm-ppspec: pipeline parallelism with speculative decoding and --worker-cls auto: "
-    f"selected the worker {WORKER_QUALNAME} ({AUTO_ENV}=0 keeps vLLM's own)"
+    "vllm-ppspec: speculative decoding with pipeline or data parallelism and --worker-cls "
+    f"auto: selected the worker {WORKER_QUALNAME} ({AUTO_ENV}=0 keeps vLLM's own)"
 )
 V2_NOTICE = (
-    "vllm-ppspec: vLLM's Model Runner V2 serves this configuration (pipeline parallelism "
-    "with speculative decoding): the plugin leaves it alone ({why}; {auto}=always selects "
-    "the plugin's worker)"
+    "vllm-ppspec: vLLM's Model Runner V2 serves this configuration (speculative decoding "
+    "with pipeline or data parallelism): the plugin leaves it alone ({why}; {auto}=always "
+    "selects the plugin's worker)"
 )
+PLATFORM_NOTICE = (
+    "vllm-ppspec: vLLM's own worker serves this configuration ({why}); the plugin changes nothing"
+)
+EXPLICIT_NOTICE = "vllm-ppspec: --worker-cls {worker}: {why}"
 FOREIGN_WARNING = (
-    "vllm-ppspec: --worker-cls {worker} with pipeline parallelism and speculative "
-    "decoding: vLLM's V1 runner (0.32, 0.33) fails there at start-up; vllm-ppspec leaves "
+    "vllm-ppspec: --worker-cls {worker} with speculative decoding and pipeline or data "
+    "parallelism: vLLM's V1 runner (0.32, 0.33) fails there; vllm-ppspec leaves "
     f"this worker alone (use --worker-cls auto or {WORKER_QUALNAME})"
 )
 
@@ -229,21 +233,32 @@ _vllm_use_v2: Any = None
 
 
 def select_worker(vllm_config: Any) -> Decision:
-    """Who serves PP + spec (:mod:`.worker_choice`), applied to ``worker_cls``.
+    """Who serves (:mod:`.worker_choice`), applied to ``worker_cls``.
 
     Runs before vLLM's ``VllmConfig.__post_init__`` (whose platform hook turns
     ``auto`` into vLLM's own worker), in every process that builds a config.
-    Only ``--worker-cls auto`` is changed, and only where vLLM would run its
-    V1 runner (or ``VLLM_PPSPEC_AUTO=always``); an explicit other worker is
-    left alone, with a warning where it runs the V1 runner.
+    ``--worker-cls auto`` becomes the plugin's worker where the rule says so;
+    the plugin's worker named on a line where vLLM picks Model Runner V2 and
+    the plugin has nothing to do becomes ``auto`` again (vLLM's own worker
+    serves); a refusal (another platform, V2 required) raises ValueError here;
+    an explicit other worker is left alone, with a warning where it runs the
+    V1 runner. A ``VLLM_PPSPEC_AUTO`` value the plugin does not take is refused.
     """
     decision = decide(facts_of(vllm_config, _vllm_use_v2))
-    worker = vllm_config.parallel_config.worker_cls
+    parallel = vllm_config.parallel_config
+    worker = parallel.worker_cls
+    if decision.choice is Choice.REFUSED:
+        raise ValueError(decision.why)
     if decision.choice is Choice.PLUGIN and worker == "auto":
-        vllm_config.parallel_config.worker_cls = WORKER_QUALNAME
+        parallel.worker_cls = WORKER_QUALNAME
         _log_once("info", AUTO_NOTICE)
+    elif decision.choice is Choice.VLLM_V2 and plugin_named(worker):
+        parallel.worker_cls = "auto"
+        _log_once("info", EXPLICIT_NOTICE.format(worker=worker, why=decision.why))
     elif decision.choice is Choice.VLLM_V2 and worker == "auto":
         _log_once("info", V2_NOTICE.format(why=decision.why, auto=AUTO_ENV))
+    elif decision.choice is Choice.OTHER_PLATFORM and worker == "auto":
+        _log_once("info", PLATFORM_NOTICE.format(why=decision.why))
     elif decision.choice is Choice.VLLM_V1 and worker != "auto":
         if vllm_config.speculative_config.method in SUPPORTED_PP_METHODS:
             _log_once("warning", FOREIGN_WARNING.format(worker=worker))
@@ -267,14 +282,14 @@ def _wrap_post_init(original: Any) -> Any:
         if held:
             restore_async(self, dp_sync_unset)
             setattr(self.scheduler_config, ASYNC_KEPT_FLAG, True)  # see _wrap_cpu_check
-        qualname = policy.scheduler_of(_mode(self))
+        qualname = policy.scheduler_of(plugin_mode(self))
         if qualname is None:
             return
         sched = self.scheduler_config
         if sched.scheduler_cls is None or sched.scheduler_cls == qualname:
             sched.scheduler_cls = qualname
             return
-        if not policy.scheduler_serves(sched.get_scheduler_cls(), _mode(self)):
+        if not policy.scheduler_serves(sched.get_scheduler_cls(), plugin_mode(self)):
             raise ValueError(
                 f"--scheduler-cls {sched.scheduler_cls!r} cannot run pipeline parallelism "
                 f"with speculative decoding under vllm-ppspec: remove --scheduler-cls, or "
@@ -344,4 +359,5 @@ def install() -> None:
         CpuPlatform.__dict__["check_and_update_config"]
     )
     stop_grace.install()
+    deployment_check.install()
     setattr(VllmConfig, PATCHED_FLAG, True)

@@ -10,12 +10,13 @@ PP peers (``runner/health/orderly_stop.py``). On one host every worker dies toge
 across hosts the other node cannot tell the kill from a crash and reports a
 dead peer.
 
-With the plugin's worker serving a pipeline across nodes (mp executor,
-``--nnodes`` > 1), the wrapper gives the engine core the window vLLM gives a
-stop with no timeout, ``VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS`` (5 s), as vLLM
-does for ROCm: requests are still aborted at once (the engine core's own mode
-is unchanged), the engine core stops its executor in order, and the process
-manager waits only until it has exited. Everywhere else vLLM's value stands.
+With the plugin's worker serving a pipeline whose ranks sit on several nodes
+(mp executor, :func:`pipeline_crosses_hosts`), the wrapper gives the engine
+core the window vLLM gives a stop with no timeout,
+``VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS`` (5 s), as vLLM does for ROCm:
+requests are still aborted at once (the engine core's own mode is unchanged),
+the engine core stops its executor in order, and the process manager waits
+only until it has exited. Everywhere else vLLM's value stands.
 """
 
 from __future__ import annotations
@@ -33,11 +34,22 @@ def note_config(vllm_config: Any, plugin_worker: bool) -> None:
     parallel = vllm_config.parallel_config
     if (
         plugin_worker
-        and parallel.pipeline_parallel_size > 1
-        and parallel.nnodes > 1
         and parallel.distributed_executor_backend == "mp"
+        and pipeline_crosses_hosts(parallel)
     ):
         across_nodes = True
+
+
+def pipeline_crosses_hosts(parallel: Any) -> bool:
+    """Whether one pipeline's ranks sit on more than one node: PP > 1 and a DP
+    replica spanning nodes (``--nnodes`` > 1 with each DP replica on its own
+    node keeps every pipeline on one host)."""
+    if parallel.pipeline_parallel_size <= 1 or parallel.nnodes <= 1:
+        return False
+    try:
+        return int(parallel.nnodes_within_dp) > 1
+    except ValueError:  # nnodes not divisible by the DP node groups: vLLM refuses it
+        return False
 
 
 def window(request_timeout: float | None, process_timeout: float | None, vllm_value: Any) -> Any:

@@ -1,14 +1,16 @@
-"""Who serves PP + speculative decoding: vLLM itself or the plugin's worker.
+"""Who serves speculative decoding with PP or DP: vLLM itself or the plugin's worker.
 
 Decided once per config, before vLLM's ``VllmConfig.__post_init__`` turns
 ``--worker-cls auto`` into its own worker. The plugin extends vLLM's V1 model
-runner, so it takes over only where vLLM would run that runner for this
+runner on the platforms it has a worker for (:data:`PLUGIN_PLATFORMS`), so it
+takes over only there and only where vLLM would run that runner for this
 config; where vLLM picks its Model Runner V2 (on CUDA with Triton, by
-default), V2's own PP + spec path serves it and the plugin stays out.
+default), V2 serves it and the plugin stays out.
 
 :func:`decide` is a pure function of the facts (:class:`Facts`), so the whole
 table (docs/support.md, "Who serves PP + speculative decoding") is tested cell
-by cell; :func:`facts_of` reads them from a ``VllmConfig`` and the environment.
+by cell; :func:`facts_of` reads them from a ``VllmConfig``, vLLM's platform and
+the environment.
 """
 
 from __future__ import annotations
@@ -20,19 +22,43 @@ from typing import Any
 
 from vllm_ppspec import WORKER_QUALNAME
 
-# Methods the plugin runs under PP.
+# Methods the plugin runs under PP and DP.
 SUPPORTED_PP_METHODS = ("ngram", "draft_model", "eagle", "eagle3", "mtp")
 
-# "0": keep vLLM's own worker; "always": the plugin's worker also where vLLM
-# would pick Model Runner V2 by default; unset or "1": where vLLM runs V1.
+# The platforms the plugin has a worker for (vllm_ppspec.worker).
+PLUGIN_PLATFORMS = ("cpu", "cuda")
+
 AUTO_ENV = "VLLM_PPSPEC_AUTO"
+# AUTO_ENV's values (any case), each read as one of "off", "on", "always".
+AUTO_VALUES = {
+    **dict.fromkeys(("0", "false", "off", "no"), "off"),
+    **dict.fromkeys(("1", "true", "on", "yes", ""), "on"),
+    "always": "always",
+}
+AUTO_REFUSAL = (
+    "vllm-ppspec: {env}={value!r} is not a value it takes: 0, false, off or no keep "
+    "vLLM's own worker; 1, true, on, yes, empty or unset select the plugin's worker where "
+    "vLLM runs its V1 runner; always also where vLLM would pick Model Runner V2"
+)
+
+
+def auto_setting(raw: str | None) -> str:
+    """``VLLM_PPSPEC_AUTO`` as the plugin reads it: "off", "on" or "always";
+    any other value is refused (ValueError naming the variable and its values)."""
+    if raw is None:
+        return "on"
+    value = AUTO_VALUES.get(raw.strip().lower())
+    if value is None:
+        raise ValueError(AUTO_REFUSAL.format(env=AUTO_ENV, value=raw))
+    return value
 
 
 class Choice(enum.Enum):
     PLUGIN = "the plugin's worker (V1 runner)"
     VLLM_V1 = "vLLM's own worker, V1 runner"
     VLLM_V2 = "vLLM's own worker, Model Runner V2"
-    VLLM = "vLLM's own choice (no PP + spec)"
+    VLLM = "vLLM's own choice (no PP or DP with speculative decoding)"
+    OTHER_PLATFORM = "vLLM's own worker (a platform the plugin has no worker for)"
     REFUSED = "refused"
 
 
@@ -41,9 +67,11 @@ class Facts:
     pp: int
     method: str | None  # None: no speculative config
     worker_cls: str  # "auto", the plugin's, or another
-    auto: str  # AUTO_ENV's value ("1" when unset)
+    auto: str  # auto_setting(AUTO_ENV): "on", "off" or "always"
     v2_required: str | None  # why vLLM must run V2 here (env=1, HiSparse, watermark)
     v2_by_default: bool  # vLLM would pick V2 for this config on its own
+    dp: int = 1
+    platform: str = "cpu"  # "cpu", "cuda", or another platform's device name
 
 
 @dataclass(frozen=True)
@@ -56,30 +84,71 @@ def plugin_named(worker_cls: Any) -> bool:
     return isinstance(worker_cls, str) and worker_cls.startswith("vllm_ppspec.")
 
 
+def spec_in_parallel(pp: int, dp: int, method: str | None) -> bool:
+    """Speculative decoding with PP > 1 or DP > 1: what the plugin's worker is for."""
+    return method is not None and (pp > 1 or dp > 1)
+
+
 def decide(f: Facts) -> Decision:
     """Who serves this config; see the module docstring and docs/support.md."""
-    if f.pp <= 1 or f.method is None:
-        return Decision(Choice.VLLM, "no PP + speculative decoding: nothing to take over")
+    active = spec_in_parallel(f.pp, f.dp, f.method)
     if plugin_named(f.worker_cls):
+        if f.platform not in PLUGIN_PLATFORMS:
+            return Decision(Choice.REFUSED, platform_refusal(f.platform))
+        if not active:
+            if f.v2_required is not None or f.v2_by_default:
+                return Decision(Choice.VLLM_V2, EXPLICIT_ELSEWHERE)
+            return Decision(Choice.PLUGIN, "--worker-cls names the plugin's worker")
         if f.v2_required is not None:
             return Decision(Choice.REFUSED, v2_refusal(f.v2_required))
         return Decision(Choice.PLUGIN, "--worker-cls names the plugin's worker")
+    if not active:
+        return Decision(Choice.VLLM, "no PP or DP with speculative decoding: nothing to take over")
+    if f.platform not in PLUGIN_PLATFORMS:
+        return Decision(
+            Choice.OTHER_PLATFORM, f"the plugin has no worker for the {f.platform} platform"
+        )
     if f.worker_cls != "auto":
         v = Choice.VLLM_V2 if f.v2_required or f.v2_by_default else Choice.VLLM_V1
         return Decision(v, f"--worker-cls {f.worker_cls}: the user's choice")
     if f.v2_required is not None:
         return Decision(Choice.VLLM_V2, f"{f.v2_required} requires Model Runner V2")
-    if f.auto == "0":
+    if f.auto == "off":
         v = Choice.VLLM_V2 if f.v2_by_default else Choice.VLLM_V1
-        return Decision(v, f"{AUTO_ENV}=0")
+        return Decision(v, f"{AUTO_ENV} is off")
     if f.method not in SUPPORTED_PP_METHODS:
         v = Choice.VLLM_V2 if f.v2_by_default else Choice.VLLM_V1
-        return Decision(v, f"method {f.method!r} is not one the plugin runs under PP")
+        return Decision(v, f"method {f.method!r} is not one the plugin runs under PP or DP")
     if f.v2_by_default and f.auto != "always":
-        return Decision(Choice.VLLM_V2, "vLLM picks Model Runner V2, which has its own PP + spec")
+        return Decision(Choice.VLLM_V2, "vLLM picks Model Runner V2, which serves it itself")
     if f.v2_by_default:
         return Decision(Choice.PLUGIN, f"{AUTO_ENV}=always")
-    return Decision(Choice.PLUGIN, "vLLM runs its V1 runner here, which fails with PP + spec")
+    return Decision(Choice.PLUGIN, "vLLM runs its V1 runner here, which fails with PP or DP + spec")
+
+
+EXPLICIT_ELSEWHERE = (
+    "the plugin's worker is for speculative decoding with PP or DP; on this line vLLM "
+    "picks Model Runner V2, and its own worker serves"
+)
+
+
+def platform_refusal(platform: str) -> str:
+    return (
+        f"vllm-ppspec: --worker-cls {WORKER_QUALNAME} has no worker for vLLM's {platform} "
+        f"platform (it has one for {', '.join(PLUGIN_PLATFORMS)}): use --worker-cls auto, "
+        "and vLLM's own worker serves"
+    )
+
+
+def platform_name() -> str:
+    """vLLM's current platform: "cpu", "cuda", or its device name."""
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu():
+        return "cpu"
+    if current_platform.is_cuda():
+        return "cuda"
+    return str(getattr(current_platform, "device_name", None) or type(current_platform).__name__)
 
 
 def v2_refusal(reason: str) -> str:
@@ -106,20 +175,22 @@ def v2_required(vllm_config: Any) -> str | None:
 
 def facts_of(vllm_config: Any, vllm_use_v2: Any) -> Facts:
     """The facts for :func:`decide`; ``vllm_use_v2`` is vLLM's own, unwrapped
-    ``use_v2_model_runner`` getter (called only under PP + spec)."""
+    ``use_v2_model_runner`` getter (called only where the plugin could serve)."""
     spec = vllm_config.speculative_config
     parallel = vllm_config.parallel_config
     pp = int(parallel.pipeline_parallel_size)
+    dp = int(parallel.data_parallel_size)
     method = None if spec is None else str(spec.method)
-    active = pp > 1 and method is not None
-    required = active or plugin_named(parallel.worker_cls)
+    relevant = spec_in_parallel(pp, dp, method) or plugin_named(parallel.worker_cls)
     return Facts(
         pp=pp,
+        dp=dp,
         method=method,
         worker_cls=str(parallel.worker_cls),
-        auto=os.environ.get(AUTO_ENV, "1"),
-        v2_required=v2_required(vllm_config) if required else None,
-        v2_by_default=bool(active and _vllm_picks_v2(vllm_config, vllm_use_v2)),
+        auto=auto_setting(os.environ.get(AUTO_ENV)),
+        v2_required=v2_required(vllm_config) if relevant else None,
+        v2_by_default=bool(relevant and _vllm_picks_v2(vllm_config, vllm_use_v2)),
+        platform=platform_name(),
     )
 
 

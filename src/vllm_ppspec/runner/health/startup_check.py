@@ -13,17 +13,19 @@ other collective of the plugin, every PP rank of a PP + spec runner calls
    node started without the plugin's worker, or without speculation, which
    skips this) is named by torch's error within the timeout, on every rank
    that did arrive;
-2. ``all_gather_object`` of each rank's fingerprint (a flat dict of strings).
+2. ``all_gather_object`` of each rank's fingerprint (a flat dict of strings)
 
-Every rank then compares all fingerprints with the same data, so every rank
-raises the same :class:`StartupMismatchError` or none does. The protocol
-number (:data:`vllm_ppspec.protocol.PROTOCOL`) is compared first: ranks that
-speak different protocols are refused naming the protocol alone, since the
-other fields of another protocol need not mean the same. Otherwise the error
-names each field that differs and its value on each rank.
+(:func:`vllm_ppspec.protocol.agreement.gather`). Every rank then compares all
+fingerprints with the same data, so every rank raises the same
+:class:`StartupMismatchError` or none does. The protocol number
+(:data:`vllm_ppspec.protocol.PROTOCOL`) is compared first: ranks that speak
+different protocols are refused naming the protocol alone, since the other
+fields of another protocol need not mean the same. Otherwise the error names
+each field that differs and its value on each rank.
 
 The fingerprint holds only what must be equal on every rank: the protocol,
-vLLM's version (the messages vLLM's own code sends between the ranks), the
+vLLM's release (the messages vLLM's own code sends between the ranks; a local
+label such as ``+cu128`` is not compared), the
 mode, the pipeline size, the speculative method, ``k``, the draft's shape,
 ``max_num_seqs``, and the switches of :data:`AGREED_SWITCHES`, each as the
 plugin reads it (unset reads as its default). The plugin's own version is not
@@ -33,14 +35,18 @@ of :data:`HOST_LOCAL_SWITCHES` may differ between hosts.
 
 from __future__ import annotations
 
-import datetime
 import os
 from typing import Any
 
-import torch.distributed as dist
+from vllm_ppspec.protocol.agreement import (
+    TIMEOUT_ENV,
+    RankMissingError,
+    differences,
+    gather,
+    timeout_s,
+)
+from vllm_ppspec.version_guard import installed_vllm_version
 
-TIMEOUT_ENV = "VLLM_PPSPEC_STARTUP_TIMEOUT"
-DEFAULT_TIMEOUT_S = 60.0
 PROTOCOL_FIELD = "protocol"
 
 # VLLM_PPSPEC_* switches that change the mode or what goes on the wire, so
@@ -54,7 +60,7 @@ HOST_LOCAL_SWITCHES: dict[str, str] = {
     TIMEOUT_ENV: "how long this rank waits here",
     "VLLM_PPSPEC_DP_AGREE_TIMEOUT": "how long this rank waits for its DP peers",
     "VLLM_PPSPEC_PEER_KEEPALIVE_S": "how soon this rank's peer watch gives up on a peer",
-    "VLLM_PPSPEC_AUTO": "which worker this host selects (without the plugin's: never here)",
+    "VLLM_PPSPEC_AUTO": "compared by the decision it leads to (patches/deployment_check.py)",
     "VLLM_PPSPEC_CPU_COMPILED_CORRECTION": "the same correction, compiled or eager",
     "VLLM_PPSPEC_FAULT": "tests: a fault injected on this host's ranks",
     "VLLM_PPSPEC_FAULT_SKIP_STATE_REPLAY": "tests: a fault injected on this host's ranks",
@@ -67,10 +73,6 @@ class StartupMismatchError(RuntimeError):
     """PP ranks were started differently; raised on every rank."""
 
 
-def timeout_s() -> float:
-    return float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S))
-
-
 def switch_value(name: str) -> str:
     """An agreed on/off switch as the plugin reads it: its default unless set to
     the other value ("1" or "0"), so unset, the default and any other value agree."""
@@ -81,8 +83,6 @@ def switch_value(name: str) -> str:
 
 def fingerprint(runner: Any, mode: str) -> dict[str, str]:
     """What must be equal on every PP rank, as strings."""
-    import vllm
-
     from vllm_ppspec import protocol
 
     spec = runner.speculative_config
@@ -90,7 +90,7 @@ def fingerprint(runner: Any, mode: str) -> dict[str, str]:
     hf = getattr(draft, "hf_config", None)
     fields = {
         PROTOCOL_FIELD: str(protocol.PROTOCOL),
-        "vLLM version": str(getattr(vllm, "__version__", "unknown")),
+        "vLLM version": installed_vllm_version(),
         "mode": mode,
         "pipeline_parallel_size": str(runner.parallel_config.pipeline_parallel_size),
         "speculative method": str(spec.method),
@@ -104,34 +104,18 @@ def fingerprint(runner: Any, mode: str) -> dict[str, str]:
     return fields
 
 
-def differences(prints: list[dict[str, str]]) -> list[str]:
-    """One line per field that is not the same on every rank (absent: '<unset>')."""
-    keys = sorted({k for p in prints for k in p})
-    lines = []
-    for key in keys:
-        values = [p.get(key, "<unset>") for p in prints]
-        if len(set(values)) > 1:
-            per_rank = ", ".join(f"rank {r}: {v!r}" for r, v in enumerate(values))
-            lines.append(f"{key} ({per_rank})")
-    return lines
-
-
 def agree(group: Any, mine: dict[str, str], timeout: float | None = None) -> None:
     """Collective on ``group`` (gloo), every rank: see the module docstring."""
     timeout = timeout_s() if timeout is None else timeout
     try:
-        dist.monitored_barrier(
-            group=group, timeout=datetime.timedelta(seconds=timeout), wait_all_ranks=True
-        )
-    except RuntimeError as e:
+        prints = gather(group, mine, timeout)
+    except RankMissingError as e:
         raise StartupMismatchError(
             f"vllm-ppspec: a PP rank did not reach the plugin's start-up check within "
             f"{timeout:.0f} s ({e}). Start every node with the same --speculative-config "
             "and the plugin's worker (--worker-cls auto or vllm_ppspec.worker.PPSpecWorker); "
             f"{TIMEOUT_ENV} sets the wait."
         ) from e
-    prints: list[Any] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(prints, mine, group=group)
     # The protocol first, alone: another protocol's fields need not mean the same.
     protocols = differences(
         [{PROTOCOL_FIELD: p[PROTOCOL_FIELD]} if PROTOCOL_FIELD in p else {} for p in prints]
