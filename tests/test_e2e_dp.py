@@ -230,8 +230,8 @@ def test_dp_spec_scenarios_match_dp1_without_spec(
         "mp",
         "--speculative-config",
         json.dumps(tiny_spec(models, method, K, max_model_len=DRAFTER_MAX_LEN)[1]),
-        "--worker-cls",
-        WORKER_QUALNAME,
+        # No --worker-cls: the plain line, where --worker-cls auto selects the
+        # plugin's worker for DP + spec at PP=1 too (patches/worker_choice.py).
         "--async-scheduling" if async_sched else "--no-async-scheduling",
     ]
     t0 = time.monotonic()
@@ -262,6 +262,7 @@ def test_dp_spec_scenarios_match_dp1_without_spec(
             assert all(delta[e]["drafts"] == 0 for e in idle), delta
             timings[name] = round(max(s for _, s in outs), 1)
         log = srv.log_path.read_text()
+        assert f"selected the worker {WORKER_QUALNAME}" in log, "auto did not select the plugin"
         assert log.count("drafter runs agreed across DP") == dp, "DP agreement not installed"
         if pp > 1:
             # Every PP rank of every DP rank runs the plugin's path; under
