@@ -202,6 +202,8 @@ class PPSpecRunnerMixin:
         return self.ppspec_active and not self._ppspec_is_last
 
     def _dummy_run(self, *args: Any, **kwargs: Any) -> Any:
+        # A dummy batch writes nothing into the drafter's KV cache (dp_hook.py).
+        dp_hook.clear_dummy_slots(getattr(self, "drafter", None))
         with drafter_hidden(self, self._ppspec_hides_drafter()):
             return super()._dummy_run(*args, **kwargs)  # type: ignore[misc]
 

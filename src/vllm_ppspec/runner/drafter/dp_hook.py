@@ -1,4 +1,4 @@
-"""The DP agreement hooked onto one drafter instance.
+"""The DP agreement hooked onto one drafter instance, and its dummy runs' KV slots.
 
 :func:`install` wraps ``propose``, ``dummy_run`` and
 ``_determine_batch_execution_and_padding`` on a drafter (the class is
@@ -6,6 +6,9 @@ untouched; ``vllm_ppspec.patches.REGISTRY`` lists them) so that each drafter
 run agrees with the other DP ranks' before its first forward, by the protocol
 of :mod:`vllm_ppspec.protocol.dp_agreement` (which ranks, when, in what
 order, and what a disagreement does).
+
+:func:`clear_dummy_slots` keeps a dummy batch's drafter forwards out of the
+drafter's KV cache (the runner calls it before each ``_dummy_run``).
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from typing import Any
+
+import torch
 
 from vllm_ppspec.protocol.dp_agreement import Agreement, agree, check_coordination
 
@@ -29,6 +34,27 @@ def forwards_of_dummy_run(drafter: Any, is_graph_capturing: bool) -> int:
     if is_graph_capturing or drafter.parallel_drafting:
         return 1
     return int(drafter.num_speculative_tokens)
+
+
+# vLLM's slot id for "write no K/V here" (vllm/v1/spec_decode/utils.py).
+PADDING_SLOT_ID = -1
+
+
+def clear_dummy_slots(drafter: Any) -> None:
+    """Before a dummy batch: the drafter's own slot-mapping buffer, all padding.
+
+    A dummy batch has no KV slots. vLLM fills the target's slot mappings with
+    ``PADDING_SLOT_ID``, but ``SpecDecodeBaseProposer.dummy_run``, when those
+    mappings name the drafter's layers, uses the drafter's own buffer
+    (``_get_slot_mapping``), which still holds the last proposal's slots. Its
+    forwards then write K/V into a live request's drafter cache, garbage from
+    the second layer on (attention without metadata returns its output
+    unwritten). At DP > 1 under PP the engine runs dummy batches between a busy
+    rank's own steps (a step that only waits for the pipeline executes nothing),
+    so the request is this rank's and its drafts go wrong."""
+    slots = getattr(drafter, "_slot_mapping_buffer", None)
+    if isinstance(slots, torch.Tensor):
+        slots.fill_(PADDING_SLOT_ID)
 
 
 class _Hook:
