@@ -333,13 +333,15 @@ def test_engine_post_step_skips_the_blocking_draft_fetch_with_the_plugin_schedul
     assert _Executor.calls == 1
 
 
-def _pp_spec_namespace(backend: str, async_scheduling: bool):
+def _pp_spec_namespace(
+    backend: str, async_scheduling: bool, method: str = "draft_model", pp: int = 2, dp: int = 1
+):
     from types import SimpleNamespace
 
     return SimpleNamespace(
-        speculative_config=SimpleNamespace(method="draft_model"),
+        speculative_config=SimpleNamespace(method=method),
         parallel_config=SimpleNamespace(
-            pipeline_parallel_size=2, distributed_executor_backend=backend
+            pipeline_parallel_size=pp, data_parallel_size=dp, distributed_executor_backend=backend
         ),
         scheduler_config=SimpleNamespace(async_scheduling=async_scheduling),
         model_config=None,
@@ -370,6 +372,18 @@ def test_async_with_the_legacy_ray_executor_is_refused_and_ray_v2_is_not(monkeyp
     # Sync scheduling and the mp executor are never refused for it.
     assert not legacy_ray_async(_pp_spec_namespace("ray", False))
     assert not legacy_ray_async(_pp_spec_namespace("mp", True))
+
+
+@pytest.mark.parametrize(("pp", "dp"), [(2, 1), (1, 2), (2, 2)])
+def test_a_method_the_plugin_does_not_run_is_refused_with_its_worker_under_pp_or_dp(pp, dp):
+    from vllm_ppspec.patches.config import pp_spec_unsupported
+
+    reasons = pp_spec_unsupported(_pp_spec_namespace("mp", False, "suffix", pp, dp))
+    assert reasons == [
+        "speculative method 'suffix' with pipeline or data parallelism under vllm-ppspec "
+        "(supported: ngram, draft_model, eagle, eagle3, mtp)"
+    ]
+    assert pp_spec_unsupported(_pp_spec_namespace("mp", False, "suffix", 1, 1)) == []
 
 
 # vLLM's explicit-async refusals other than PP: each version's own message, the

@@ -82,17 +82,20 @@ def plugin_worker_selected(vllm_config: Any) -> bool:
 
 
 def pp_spec_unsupported(vllm_config: Any) -> list[str]:
-    """Reasons this PP + speculative config cannot run with the plugin worker."""
+    """Reasons this PP or DP + speculative config cannot run with the plugin worker."""
     spec = vllm_config.speculative_config
     pp = vllm_config.parallel_config.pipeline_parallel_size
-    if spec is None or pp <= 1:
+    dp = vllm_config.parallel_config.data_parallel_size
+    if spec is None or (pp <= 1 and dp <= 1):
         return []
     reasons = []
     if spec.method not in SUPPORTED_PP_METHODS:
         reasons.append(
-            f"speculative method {spec.method!r} with pipeline parallelism under "
+            f"speculative method {spec.method!r} with pipeline or data parallelism under "
             f"vllm-ppspec (supported: {', '.join(SUPPORTED_PP_METHODS)})"
         )
+    if pp <= 1:
+        return reasons
     model_config = vllm_config.model_config
     if (
         model_config is not None
