@@ -141,8 +141,16 @@ MISMATCHES = {
         {"VLLM_PPSPEC_ONE_BATCH": "1"},
         "$VLLM_PPSPEC_ONE_BATCH (rank 0: '0', rank 1: '1')",
     ),
-    # host 1 alone keeps vLLM's own worker (which fails there by itself)
-    "no-plugin": ({"VLLM_PPSPEC_AUTO": "0"}, "did not reach the plugin's start-up check"),
+    # host 1 alone keeps vLLM's own worker: the deployment check of every worker
+    # (patches/deployment_check.py) names the decision and the setting, at once
+    "no-plugin": (
+        {"VLLM_PPSPEC_AUTO": "0"},
+        "$VLLM_PPSPEC_AUTO (rank 0: '<unset>', rank 1: '0')",
+    ),
+}
+REFUSALS = {
+    "switch": "vllm-ppspec: the PP ranks were started differently",
+    "no-plugin": "vllm-ppspec: the ranks of this deployment decided differently who serves",
 }
 
 
@@ -168,9 +176,10 @@ def test_hosts_started_differently_are_refused_on_both(hosts, models, tmp_path, 
     finally:
         pipe.stop()
     assert all(j.returncode != 0 for j in pipe.jobs), [j.returncode for j in pipe.jobs]
-    log0 = pipe.logs[0].read_text()
-    assert expected in log0, log0[-4000:]
-    assert "vllm-ppspec: the PP ranks were started differently" in log0 or case == "no-plugin"
+    for r, log in enumerate(p.read_text() for p in pipe.logs):
+        # Every host names what differs; neither waited out the start-up timeout.
+        assert expected in log and REFUSALS[case] in log, (r, log[-4000:])
+        assert "did not reach" not in log, (r, log[-4000:])
     print(f"{case}: both hosts ended {ended_after:.1f} s after start")
     while hosts.nodes[0].vllm_pids() or hosts.nodes[1].vllm_pids():
         assert time.monotonic() - start < 90, "vLLM processes left on a host"
