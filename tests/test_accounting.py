@@ -5,11 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vllm_ppspec.protocol.accounting import (
-    draft_matrix,
-    next_tokens_and_counts,
-    pad_sampled,
-)
+from vllm_ppspec.protocol.accounting import draft_matrix, pad_sampled
 
 
 def test_pad_sampled_fills_missing_columns_with_minus_one():
@@ -32,26 +28,3 @@ def test_draft_matrix_tensor_list_and_none():
     assert draft_matrix(None, 1, 2).tolist() == [[0, 0]]
     with pytest.raises(ValueError):
         draft_matrix(torch.zeros((3, 3)), 2, 3)
-
-
-def test_next_tokens_and_counts_full_partial_none_and_discarded():
-    sampled = torch.tensor(
-        [
-            [11, 12, 13, 14],  # all 3 drafts accepted + bonus
-            [21, 22, -1, -1],  # 1 accepted + recovered
-            [31, -1, -1, -1],  # all rejected
-            [41, -1, -1, -1],  # partial prefill: sample discarded
-            [-1, -1, -1, -1],  # nothing valid
-        ],
-        dtype=torch.int32,
-    )
-    discard = torch.tensor([False, False, False, True, False])
-    nxt, cnt = next_tokens_and_counts(sampled, discard=discard)
-    assert nxt.tolist() == [14, 22, 31, 0, 0]
-    assert cnt.tolist() == [4, 2, 1, 0, 0]
-
-
-def test_out_of_vocab_ids_are_not_counted():
-    sampled = torch.tensor([[5, 600, -1]], dtype=torch.int32)
-    nxt, cnt = next_tokens_and_counts(sampled, vocab_size=512)
-    assert cnt.tolist() == [1] and nxt.tolist() == [5]

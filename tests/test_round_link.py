@@ -32,7 +32,7 @@ n = int(sys.argv[3])
 if rank == 1:
     time.sleep(1.0)  # the receiver's receives are posted meanwhile
     for i in range(n):
-        ch.send(2, torch.tensor([[i, i + 1], [i + 2, -1]]), None)
+        ch.post(2, torch.tensor([[i, i + 1], [i + 2, -1]]), None).wait()
         time.sleep(0.2)
     out = None
 else:

@@ -148,7 +148,7 @@ def _sched(cached, computed, scheduled, drafts, resumed=(), finished=(), all_tok
 
 def _accepted_counts_after_rejoin(skip: bool) -> list[int]:
     runner, sync = _sync_runner(is_last=False)
-    sync.skip_state_replay = skip  # what _ppspec_setup read from the env
+    sync.skip_accepted_counts = skip  # what _ppspec_setup read from the env
     # Round 1: a, b, c at 10 computed tokens, each 1 token + 3 drafts.
     sync.restore_accepted_counts(
         runner, _sched("abc", [10] * 3, {r: 4 for r in "abc"}, {r: 3 for r in "abc"})
@@ -261,17 +261,19 @@ def _set_up_runner(monkeypatch, spec: bool):
 
 
 def test_fault_injection_switch_is_read_once_at_set_up(monkeypatch):
-    from vllm_ppspec.protocol.faults import SKIP_STATE_REPLAY as FAULT_SKIP_STATE_REPLAY
+    from vllm_ppspec.protocol.faults import SKIP_ACCEPTED_COUNTS
 
-    monkeypatch.setenv(FAULT_SKIP_STATE_REPLAY, "1")
+    monkeypatch.setenv(SKIP_ACCEPTED_COUNTS, "1")
     runner = _set_up_runner(monkeypatch, spec=True)
-    monkeypatch.delenv(FAULT_SKIP_STATE_REPLAY)
-    assert runner._ppspec_faults.skip_state_replay is True  # a later change of the env is ignored
-    assert runner._ppspec_steps.skip_state_replay is True  # the sync part got it
-    monkeypatch.setenv(FAULT_SKIP_STATE_REPLAY, "1")
-    assert _set_up_runner(monkeypatch, spec=False)._ppspec_faults.skip_state_replay is False
-    monkeypatch.delenv(FAULT_SKIP_STATE_REPLAY)
-    assert _set_up_runner(monkeypatch, spec=True)._ppspec_faults.skip_state_replay is False
+    monkeypatch.delenv(SKIP_ACCEPTED_COUNTS)
+    assert (
+        runner._ppspec_faults.skip_accepted_counts is True
+    )  # a later change of the env is ignored
+    assert runner._ppspec_steps.skip_accepted_counts is True  # the sync part got it
+    monkeypatch.setenv(SKIP_ACCEPTED_COUNTS, "1")
+    assert _set_up_runner(monkeypatch, spec=False)._ppspec_faults.skip_accepted_counts is False
+    monkeypatch.delenv(SKIP_ACCEPTED_COUNTS)
+    assert _set_up_runner(monkeypatch, spec=True)._ppspec_faults.skip_accepted_counts is False
 
 
 def test_overrides_call_straight_through_before_set_up():

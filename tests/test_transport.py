@@ -13,7 +13,6 @@ import torch
 import torch.distributed as dist
 
 from tests.distributed import run_ranks
-from vllm_ppspec.protocol.accounting import next_tokens_and_counts
 from vllm_ppspec.protocol.rounds import ROUND_TAG, RoundChannel, RoundDivergenceError
 
 K = 3
@@ -30,21 +29,19 @@ def _narrow_round(rank: int, world: int):
     sampled = torch.tensor([[5, 7], [9, -1], [11, -1]], dtype=torch.int32)
     drafts = torch.tensor([[1, 2, 3], [4, 5, 6], [7, 8, 9]], dtype=torch.int64)
     if rank == LAST:
-        rnd = _channel().send(3, sampled, drafts)
+        rnd = _channel().post(3, sampled, drafts).wait()
     else:
-        rnd = _channel().recv(3)
-    nxt, cnt = next_tokens_and_counts(rnd.sampled)
-    return rnd.sampled.tolist(), rnd.drafts.tolist(), nxt.tolist(), cnt.tolist()
+        rnd = _channel().expect(3).wait()
+    return rnd.sampled.tolist(), rnd.drafts.tolist()
 
 
 def test_round_narrower_than_k_plus_1_arrives_padded():
     results = run_ranks(_narrow_round)
     for r in results:
         assert r.error is None and not r.hung, r.message
-    sampled, drafts, nxt, cnt = results[0].value
+    sampled, drafts = results[0].value
     assert sampled == [[5, 7, -1, -1], [9, -1, -1, -1], [11, -1, -1, -1]]
     assert drafts == [[1, 2, 3], [4, 5, 6], [7, 8, 9]]
-    assert nxt == [7, 9, 11] and cnt == [2, 1, 1]
     # Both ranks hold the same round.
     assert results[0].value == results[1].value
 
@@ -52,9 +49,9 @@ def test_round_narrower_than_k_plus_1_arrives_padded():
 def _list_drafts(rank: int, world: int):
     sampled = torch.tensor([[3, 4, 5, 6], [8, -1, -1, -1]], dtype=torch.int32)
     if rank == LAST:
-        rnd = _channel().send(2, sampled, [[1, 2, 3], [4]])
+        rnd = _channel().post(2, sampled, [[1, 2, 3], [4]]).wait()
     else:
-        rnd = _channel().recv(2)
+        rnd = _channel().expect(2).wait()
     return rnd.sampled.tolist(), rnd.drafts.tolist()
 
 
@@ -72,9 +69,9 @@ def _divergent_rows(rank: int, world: int):
     t0 = time.monotonic()
     try:
         if rank == LAST:
-            _channel().send(3, sampled, None)
+            _channel().post(3, sampled, None).wait()
         else:
-            _channel().recv(2)  # this rank thinks it holds 2 requests
+            _channel().expect(2).wait()  # this rank thinks it holds 2 requests
     except RoundDivergenceError as e:
         # After the error the group is still usable: no message was left open.
         dist.barrier()
@@ -103,9 +100,9 @@ def _sender_batch_mismatch(rank: int, world: int):
     try:
         if rank == LAST:
             # 3 sampled rows but the sender's input batch holds 4 requests.
-            _channel().send(4, sampled, None)
+            _channel().post(4, sampled, None).wait()
         else:
-            _channel().recv(3)
+            _channel().expect(3).wait()
     except RoundDivergenceError as e:
         dist.barrier()
         return str(e) if e.every_rank else "every_rank is False"
@@ -125,9 +122,9 @@ def _too_wide(rank: int, world: int):
     sampled = torch.ones((2, K + 2), dtype=torch.int32)  # wider than k + 1
     try:
         if rank == LAST:
-            _channel().send(2, sampled, None)
+            _channel().post(2, sampled, None).wait()
         else:
-            _channel().recv(2)
+            _channel().expect(2).wait()
     except RoundDivergenceError as e:
         dist.barrier()
         return str(e)
@@ -145,9 +142,9 @@ def test_malformed_sampled_tensor_raises_everywhere():
 def _k_mismatch(rank: int, world: int):
     try:
         if rank == LAST:
-            _channel(k=3).send(1, torch.tensor([[1, 2, -1, -1]]), None)
+            _channel(k=3).post(1, torch.tensor([[1, 2, -1, -1]]), None).wait()
         else:
-            _channel(k=2).recv(1)
+            _channel(k=2).expect(1).wait()
     except RoundDivergenceError as e:
         return str(e)
     return None
@@ -178,7 +175,11 @@ def _rounds_counted(rank: int, world: int):
     for rows in (3, 1, CAPACITY):
         sampled = torch.arange(rows * (K + 1), dtype=torch.int32).view(rows, K + 1)
         drafts = torch.arange(rows * K).view(rows, K) + 1000
-        rnd = channel.send(rows, sampled, drafts) if rank == LAST else channel.recv(rows)
+        rnd = (
+            channel.post(rows, sampled, drafts).wait()
+            if rank == LAST
+            else channel.expect(rows).wait()
+        )
         got.append((rnd.sampled.tolist(), rnd.drafts.tolist()))
     return got, calls
 
@@ -208,9 +209,9 @@ def test_one_message_per_round_one_way_after_one_shape_check():
 def _capacity_mismatch(rank: int, world: int):
     try:
         if rank == LAST:
-            _channel(capacity=16).send(1, torch.tensor([[1, -1, -1, -1]]), None)
+            _channel(capacity=16).post(1, torch.tensor([[1, -1, -1, -1]]), None).wait()
         else:
-            _channel(capacity=8).recv(1)
+            _channel(capacity=8).expect(1).wait()
     except RoundDivergenceError as e:
         dist.barrier()
         return str(e)
@@ -228,9 +229,9 @@ def _over_capacity(rank: int, world: int):
     rows = CAPACITY + 1
     try:
         if rank == LAST:
-            _channel().send(rows, torch.ones((rows, K + 1), dtype=torch.int32), None)
+            _channel().post(rows, torch.ones((rows, K + 1), dtype=torch.int32), None).wait()
         else:
-            _channel().recv(rows)
+            _channel().expect(rows).wait()
     except RoundDivergenceError as e:
         dist.barrier()
         return str(e)
@@ -258,7 +259,7 @@ def _posted_rounds(rank: int, world: int):
         assert first.local is not None
         return posted_s, first.local.sampled.tolist(), got
     time.sleep(2.0)  # the last rank posts meanwhile; it must not wait for this rank
-    return None, None, [ch.recv(1).sampled.tolist(), ch.recv(2).sampled.tolist()]
+    return None, None, [ch.expect(1).wait().sampled.tolist(), ch.expect(2).wait().sampled.tolist()]
 
 
 def test_posted_rounds_do_not_wait_for_the_receivers_and_arrive_in_order():
@@ -277,7 +278,7 @@ def _posted_divergence(rank: int, world: int):
     if rank == LAST:
         ch.post(2, torch.tensor([[1, -1], [2, -1]]), None).wait()
         return "sent"
-    ch.recv(3)
+    ch.expect(3).wait()
 
 
 def test_a_posted_round_that_diverges_raises_on_the_receiver():
@@ -334,7 +335,7 @@ def _late_round(rank: int, world: int):
     ch.agree_shape()
     if rank == LAST:
         time.sleep(0.5)
-        ch.send(1, torch.tensor([[6, -1]]), None)
+        ch.post(1, torch.tensor([[6, -1]]), None).wait()
         return None
     t0 = time.perf_counter()
     rnd = ch.expect(1).wait()

@@ -135,7 +135,6 @@ def test_every_copy_of_upstream_logic_is_pinned_and_names_its_upstream_function(
     for copy in (
         "patches.async_hold:v1_async_refusal_besides_pp",
         "runner.steps.sync:SyncSteps.restore_output_tokens",
-        "protocol.accounting:next_tokens_and_counts",
     ):
         assert copy in pinned, copy
     for module, qualname, _, where in version_guard.MIRRORED_FUNCTIONS:

@@ -31,11 +31,6 @@ class Mode(enum.Enum):
     SYNC = "sync"
     LANES = "async with lanes"
 
-    @property
-    def exchanges_rounds(self) -> bool:
-        """Whether the last rank sends each round to the other ranks."""
-        return self is Mode.LANES
-
 
 def mode_of(has_spec: bool, pp_size: int, async_scheduling: bool) -> Mode:
     if not has_spec or pp_size <= 1:

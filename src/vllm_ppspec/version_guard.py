@@ -154,12 +154,6 @@ MIRRORED_FUNCTIONS: tuple[tuple[str, str, dict[str, str], str], ...] = (
     ),
     (
         "vllm.v1.spec_decode.llm_base_proposer",
-        "SpecDecodeBaseProposer.prepare_next_token_ids_padded",
-        {"0.32.0": "bf1490e5069ca564", "0.33.0": "bf1490e5069ca564"},
-        "protocol.accounting:next_tokens_and_counts",
-    ),
-    (
-        "vllm.v1.spec_decode.llm_base_proposer",
         "SpecDecodeBaseProposer.propose",
         {"0.32.0": "00017c139f27a3e7", "0.33.0": "00017c139f27a3e7"},
         "runner.drafter.dp_hook:forwards_of_propose (its number of drafter forwards)",

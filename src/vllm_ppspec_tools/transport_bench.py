@@ -73,9 +73,9 @@ def _rank(rank: int, port: int, rounds: int, out: mp.Queue) -> None:
                 if proto == "all_reduce":
                     _all_reduce(rank, rows, k, payload)
                 elif rank == 1:
-                    channel.send(rows, sampled, drafts)
+                    channel.post(rows, sampled, drafts).wait()
                 else:
-                    channel.recv(rows)
+                    channel.expect(rows).wait()
                 times[proto].append((time.perf_counter() - start) * 1e6)
         results[(rows, k)] = {proto: (statistics.median(t), min(t)) for proto, t in times.items()}
     if rank == 0:  # the receiver's view

@@ -53,37 +53,3 @@ def draft_matrix(
             )
         out[:, : drafts.shape[1]] = drafts.to(device="cpu", dtype=torch.int32)
     return out
-
-
-def next_tokens_and_counts(
-    sampled: torch.Tensor,
-    discard: torch.Tensor | None = None,
-    vocab_size: int | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Next input token and valid-token count per request, from the sampled matrix.
-
-    Mirrors vLLM's ``SpecDecodeBaseProposer.prepare_next_token_ids_padded``
-    (vllm/v1/spec_decode/llm_base_proposer.py; hash pinned in
-    version_guard.MIRRORED_FUNCTIONS): a request's next token is
-    its last valid sampled token; a discarded request (a partial prefill whose
-    sample is thrown away) or a row without a valid token gets count 0 and next
-    token 0 (its next input ids come from the CPU token ids, not from this).
-    Returns int32 tensors ``(next_token_ids [rows], counts [rows])``.
-    """
-    rows = sampled.shape[0]
-    valid = sampled != PAD_ID
-    if vocab_size is not None:
-        valid &= sampled < vocab_size
-    counts = valid.sum(dim=1, dtype=torch.int32)
-    cols = torch.arange(sampled.shape[1], device=sampled.device).expand_as(sampled)
-    last_idx = torch.where(valid, cols, torch.full_like(cols, -1)).max(dim=1).values
-    last_tok = sampled.gather(1, last_idx.clamp(min=0).unsqueeze(1)).squeeze(1)
-    none = counts == 0
-    if discard is not None:
-        discard = discard[:rows].to(device=sampled.device, dtype=torch.bool)
-        none = none | discard
-        counts = torch.where(discard, torch.zeros_like(counts), counts)
-    next_ids = torch.where(
-        none, torch.zeros_like(last_tok, dtype=torch.int32), last_tok.to(torch.int32)
-    )
-    return next_ids, counts

@@ -1,23 +1,26 @@
-"""Fault injection for tests: switches read once, when the runner is set up.
+"""Fault-injection switches for tests, read once when the runner is set up.
 
-``VLLM_PPSPEC_FAULT_SKIP_STATE_REPLAY=1``: non-last ranks skip the replay of
-``_update_states_after_model_execute`` (hybrid models then drift).
+``VLLM_PPSPEC_FAULT_SKIP_STATE_REPLAY=1`` (:data:`SKIP_ACCEPTED_COUNTS`):
+non-last ranks do not restore hybrid models' accepted counts
+(``SyncSteps.restore_accepted_counts``), so their hybrid state drifts.
 
 ``VLLM_PPSPEC_FAULT=<kind>@<n>`` on non-last ranks, at their n-th step (1-based):
 
-* ``drop_stash@n``: ``sample_tokens`` finds no stashed scheduler output or
-  step rows (``MissingStashError``; async scheduling, where rounds are
-  applied; with lanes at the first ``sample_tokens`` from step n on);
+* ``drop_stash@n`` (lanes): ``sample_tokens`` loses the step rows its
+  ``execute_model`` left for it and raises ``MissingStashError``, at the
+  first ``sample_tokens`` from step n on;
 * ``raise@n``: ``execute_model`` raises before the forward (any mode);
-* ``raise_in_round@n``: applying a received round raises (async scheduling;
-  with lanes the first round of step n or later).
+* ``raise_in_round@n`` (lanes): receiving a round raises, at the first round
+  of step n or later.
 
 ``VLLM_PPSPEC_FAULT=dp_disagree@n`` acts on drafter ranks instead: at DP > 1,
 DP rank 1 reports one drafter forward more than it will run at its n-th
 ``propose`` (every DP rank then raises ``DPAgreementError``; protocol/dp_agreement.py).
 
-These exist so that tests can show a broken invariant is caught and that an
-error on a rank vLLM does not read replies from still ends the engine.
+Tests use them to show that a broken invariant is caught and that an error on
+a rank vLLM does not read replies from ends the engine. The variable and kind
+names are matched literally by the start-up check's host-local switches and
+the end-to-end tests.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-SKIP_STATE_REPLAY = "VLLM_PPSPEC_FAULT_SKIP_STATE_REPLAY"
+SKIP_ACCEPTED_COUNTS = "VLLM_PPSPEC_FAULT_SKIP_STATE_REPLAY"
 FAULT = "VLLM_PPSPEC_FAULT"
 KINDS = ("drop_stash", "raise", "raise_in_round", "dp_disagree")
 
@@ -36,7 +39,9 @@ class InjectedFault(RuntimeError):
 
 @dataclass(frozen=True)
 class Faults:
-    skip_state_replay: bool = False
+    """The switches above, as read from the environment."""
+
+    skip_accepted_counts: bool = False
     kind: str | None = None
     at_step: int = 0
 
@@ -51,10 +56,10 @@ class Faults:
                     f"{FAULT}={spec!r}: expected <kind>@<step>, kind one of {KINDS}, step >= 1"
                 )
             at = int(n)
-        return cls(os.environ.get(SKIP_STATE_REPLAY) == "1", kind, at)
+        return cls(os.environ.get(SKIP_ACCEPTED_COUNTS) == "1", kind, at)
 
     def any(self) -> bool:
-        return self.skip_state_replay or self.kind is not None
+        return self.skip_accepted_counts or self.kind is not None
 
     def fires(self, kind: str, step: int) -> bool:
         return self.kind == kind and step == self.at_step

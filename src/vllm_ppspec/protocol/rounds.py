@@ -248,15 +248,6 @@ class RoundChannel:
         ]
         return PostedRound(self, message, list(works), note, local, None)
 
-    def send(
-        self,
-        num_reqs: int,
-        sampled: torch.Tensor,
-        drafts: torch.Tensor | list[list[int]] | None,
-    ) -> Round:
-        """Last PP rank: send this round and wait until it has left."""
-        return self.post(num_reqs, sampled, drafts).wait()
-
     def expect(self, num_reqs: int) -> PostedRound:
         """Non-last PP rank: post the receive of the next round now, without
         waiting; :meth:`PostedRound.wait` completes it when the round is needed.
@@ -265,13 +256,9 @@ class RoundChannel:
         known as soon as that step ran. Posted that early, the round is sent
         the moment the last rank has it and arrives while this rank computes
         its next steps: one one-way trip, and no wait if it is there by the
-        time it is needed. Posted only when needed (:meth:`recv`), gloo sends
-        it after the receive is posted: a round trip more.
+        time it is needed. Posted only when needed, gloo would send it after the
+        receive is posted: a round trip more.
         """
         message = self._empty()
         work = dist.irecv(message, self.src, group=self.group, tag=ROUND_TAG)
         return PostedRound(self, message, [work], "", None, num_reqs)
-
-    def recv(self, num_reqs: int) -> Round:
-        """Non-last PP rank: receive the round; ``num_reqs`` is this rank's batch size."""
-        return self.expect(num_reqs).wait()

@@ -52,7 +52,7 @@ def build_steps(
     """The steps object of ``mode`` for PP rank ``pp.rank_in_group``."""
     if mode is Mode.OFF:
         return Steps()
-    rebuilds = SyncSteps(pp.is_last_rank, hybrid, fault.skip_state_replay)
+    rebuilds = SyncSteps(pp.is_last_rank, hybrid, fault.skip_accepted_counts)
     if mode is Mode.SYNC:
         return rebuilds
     # One message per round, last rank to the others, of a static size; every

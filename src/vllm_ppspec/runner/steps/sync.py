@@ -29,11 +29,11 @@ from vllm_ppspec.sched.draft_delivery import attach_drafts
 class SyncSteps(Steps):
     mode = Mode.SYNC
 
-    def __init__(self, is_last: bool, hybrid: bool, skip_state_replay: bool = False) -> None:
+    def __init__(self, is_last: bool, hybrid: bool, skip_accepted_counts: bool = False) -> None:
         self.is_last = is_last
         self.counts = AcceptedCounts() if hybrid else None
-        # Test fault injection (protocol/faults.py): non-last ranks skip the rebuild.
-        self.skip_state_replay = skip_state_replay
+        # Test fault injection (protocol/faults.py): non-last ranks skip the restore.
+        self.skip_accepted_counts = skip_accepted_counts
 
     def before_update(self, view: RunnerView, scheduler_output: Any) -> None:
         if not self.is_last:
@@ -95,7 +95,7 @@ class SyncSteps(Steps):
         if event is not None:
             event.synchronize()  # the sampler's own D2H copy must not land later
         batch = view.input_batch
-        skip_replay = not self.is_last and self.skip_state_replay
+        skip_restore = not self.is_last and self.skip_accepted_counts
         cached = scheduler_output.scheduled_cached_reqs
         for i, req_id in enumerate(cached.req_ids):
             if req_id in cached.resumed_req_ids:
@@ -103,7 +103,7 @@ class SyncSteps(Steps):
                 continue
             valid = counts.valid_tokens(req_id, cached.num_computed_tokens[i])
             row = batch.req_id_to_index.get(req_id)
-            if valid is not None and row is not None and not skip_replay:
+            if valid is not None and row is not None and not skip_restore:
                 batch.num_accepted_tokens_cpu[row] = valid
         spec_tokens = scheduler_output.scheduled_spec_decode_tokens
         for req_id, num in scheduler_output.num_scheduled_tokens.items():
