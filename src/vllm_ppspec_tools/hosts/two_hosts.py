@@ -2,9 +2,10 @@
 scripts/bench_two_hosts.py).
 
 Each host is a network namespace with its own pid namespace, ``/dev/shm``
-and hostname (``netns`` makes the namespaces and the veth pair between them,
-or ``delay_line`` a slow link; a second veth pair joins the first host to the
-root namespace, where the client runs). Its process 1 is ``node_init``,
+(or this machine's, shared by both) and hostname (``netns`` makes the
+namespaces and the veth pair between them, or ``delay_line`` a slow link; a
+second veth pair joins the first host to the root namespace, where the client
+runs). Its process 1 is ``node_init``,
 which runs a fork server (vLLM imported once per host) inside the host:
 every ``vllm serve`` is forked from it, so it runs in that host's
 namespaces, with that host's pids.
@@ -39,11 +40,14 @@ API_PORT = 8000
 MASTER_PORT = 29511
 
 
-def host_fork_server(host: Host, hostname: str) -> forkserver.ForkServer:
-    """A fork server started as process 1's child in a host's namespaces."""
+def host_fork_server(host: Host, hostname: str, shared_shm: bool = False) -> forkserver.ForkServer:
+    """A fork server started as process 1's child in a host's namespaces;
+    ``shared_shm``: the host keeps this machine's ``/dev/shm`` (as containers
+    with their own network and ``--ipc=host``) instead of a tmpfs of its own."""
+    own_shm = "" if shared_shm else "mount -t tmpfs -o size=4g tmpfs /dev/shm && "
     script = (
-        "mount -t tmpfs -o size=4g tmpfs /dev/shm && "
-        f"hostname {hostname} && exec {sys.executable} -m vllm_ppspec_tools.hosts.node_init"
+        f"{own_shm}hostname {hostname} && "
+        f"exec {sys.executable} -m vllm_ppspec_tools.hosts.node_init"
     )
     cmd = host.cmd(
         "unshare", "--pid", "--fork", "--mount-proc", "--uts", "--mount", "sh", "-c", script
@@ -137,10 +141,13 @@ class TwoHosts:
 
 
 @contextmanager
-def two_hosts(tag: str, delay_ms: float | None = None) -> Iterator[TwoHosts]:
+def two_hosts(
+    tag: str, delay_ms: float | None = None, shared_shm: bool = False
+) -> Iterator[TwoHosts]:
     """Hosts 0 and 1 (fork servers started), and the client link to host 0.
     The hosts' link is a veth pair, or with ``delay_ms`` the delay line
-    (``delay_line``: TUN devices, that one-way delay)."""
+    (``delay_line``: TUN devices, that one-way delay). ``shared_shm``: both
+    hosts see this machine's ``/dev/shm`` (:func:`host_fork_server`)."""
     with ExitStack() as stack:
         if delay_ms is None:
             a, b = stack.enter_context(veth_hosts(tag))
@@ -160,7 +167,7 @@ def two_hosts(tag: str, delay_ms: float | None = None) -> Iterator[TwoHosts]:
         _ip("-n", a.netns, "addr", "add", f"{client_addr}/24", "dev", host_if)
         _ip("-n", a.netns, "link", "set", host_if, "up")
         nodes = tuple(
-            Node(rank, host, host_fork_server(host, f"ppspec-host{rank}"))
+            Node(rank, host, host_fork_server(host, f"ppspec-host{rank}", shared_shm))
             for rank, host in enumerate((a, b))
         )
         for node in nodes:
