@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.acceptance import planted_counts
 from tests.engine_jobs import job, run_job
 from vllm_ppspec_tools.fixtures.spec_configs import tiny_spec
 
@@ -72,7 +73,14 @@ def test_filled_pipeline_under_load_matches_pp1_without_spec(
     elif method == "draft_random":
         assert stats["accepted"] < stats["drafts"] // 4, stats
     else:
-        assert 0 < stats["accepted"] < stats["drafts"], stats
+        # The succ drafters' planted rule on these requests, each alone: 290
+        # accepted of 609 drafted. Preemption recomputes a request and drops its
+        # drafts, so the counts are not the rule's exactly: each within 5%
+        # (measured 2026-12-03: 286 of 597 at PP=2 sync, 286 of 600 at PP=3 async).
+        accepted, drafted = planted_counts(method, LOAD_REQUESTS, K)
+        print(f"ACCEPTANCE {method} pp={pp} {mode}: {stats}, planted {accepted} of {drafted}")
+        assert abs(stats["accepted"] - accepted) <= 0.05 * accepted, (stats, accepted)
+        assert abs(stats["drafts"] - drafted) <= 0.05 * drafted, (stats, drafted)
     # Sync: one batch per stage. Async: one lane per stage, plus the next
     # batch of the lane whose round is on its way.
     depth = pp if mode == "sync" else pp + 1
