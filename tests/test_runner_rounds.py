@@ -266,9 +266,8 @@ def test_fault_injection_switch_is_read_once_at_set_up(monkeypatch):
     monkeypatch.setenv(SKIP_ACCEPTED_COUNTS, "1")
     runner = _set_up_runner(monkeypatch, spec=True)
     monkeypatch.delenv(SKIP_ACCEPTED_COUNTS)
-    assert (
-        runner._ppspec_faults.skip_accepted_counts is True
-    )  # a later change of the env is ignored
+    # A later change of the env is ignored.
+    assert runner._ppspec_faults.skip_accepted_counts is True
     assert runner._ppspec_steps.skip_accepted_counts is True  # the sync part got it
     monkeypatch.setenv(SKIP_ACCEPTED_COUNTS, "1")
     assert _set_up_runner(monkeypatch, spec=False)._ppspec_faults.skip_accepted_counts is False

@@ -1,4 +1,6 @@
-"""vLLM general-plugin entry point (group ``vllm.general_plugins``)."""
+"""Install the config patches from vLLM's general-plugin hook, or undo them and record why.
+
+The entry point of group ``vllm.general_plugins``."""
 
 from __future__ import annotations
 

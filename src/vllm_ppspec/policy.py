@@ -1,4 +1,4 @@
-"""The mode of PP + speculative decoding, decided once, from config and env.
+"""Decide the mode of PP + speculative decoding once, from config and env.
 
 Pure functions of a few config facts and the environment: no vLLM import.
 Both sides call them: the engine-side config patch (batches in flight, which

@@ -1,5 +1,6 @@
-"""The public name ``vllm_ppspec.scheduler.PPSpecScheduler`` (``--scheduler-cls``):
-the scheduler of the sync filled pipeline, :mod:`vllm_ppspec.sched.filled`."""
+"""Export ``vllm_ppspec.scheduler.PPSpecScheduler`` for ``--scheduler-cls``.
+
+It is the scheduler of the sync filled pipeline, :mod:`vllm_ppspec.sched.filled`."""
 
 from vllm_ppspec.sched.filled import PPSpecScheduler
 

@@ -1,4 +1,4 @@
-"""The one name for ``--worker-cls``: ``vllm_ppspec.worker.PPSpecWorker``.
+"""Export the one name for ``--worker-cls``: ``vllm_ppspec.worker.PPSpecWorker``.
 
 It is vLLM's CPU worker subclass on the CPU platform and vLLM's GPU worker
 subclass everywhere else; both build a runner with the same PP + spec mixin.

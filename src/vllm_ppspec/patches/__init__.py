@@ -1,4 +1,4 @@
-"""Every change the plugin makes to vLLM outside its own classes, in one registry.
+"""List every change the plugin makes to vLLM outside its own classes, in one registry.
 
 Two places, by when they apply:
 
@@ -134,7 +134,7 @@ REGISTRY: tuple[Patch, ...] = (
         why=(
             "across hosts the executor waits for a remote worker's reply in one zmq poll "
             "for the whole RPC timeout (300 s), even after its worker monitor shut the "
-            "queues down: a dead PP peer left /health at 200 and the requests hanging"
+            "queues down: with a PP peer dead, /health stays 200 and requests hang until then"
         ),
         how=(
             "in an engine core running a plugin scheduler (installed from the post_step "
@@ -155,8 +155,8 @@ REGISTRY: tuple[Patch, ...] = (
         targets=("vllm.distributed.device_communicators.shm_broadcast:MessageQueue.dequeue",),
         why=(
             "on a headless node the worker waits for the leader's next call in a remote "
-            "read that ignores its queue's shutdown: when a peer's goodbye stopped that "
-            "node in order, vLLM's executor waited 5 s, then SIGTERMed and SIGKILLed it"
+            "read that ignores its queue's shutdown: when a peer's goodbye stops that node "
+            "in order, vLLM's executor waits 5 s, then SIGTERMs and SIGKILLs the worker"
         ),
         how=(
             "the plugin's worker on a headless node (node_rank_within_dp > 0, mp executor) "
@@ -185,7 +185,10 @@ REGISTRY: tuple[Patch, ...] = (
         module="vllm_ppspec.patches.cpu_eager",
         when="worker",
         targets=("vllm.v1.worker.gpu_model_runner:update_num_computed_tokens_for_batch_change",),
-        why="inductor compiles the async spec-decode correction mid-serving on CPU (~2.6 s)",
+        why=(
+            "inductor compiles the async spec-decode correction mid-serving on CPU, "
+            "while the first requests wait"
+        ),
         how="points the runner module's name at the uncompiled function",
         upstream=("none found; vllm/v1/spec_decode/utils.py (torch.compile with the CPU backend)"),
         remove_when="vLLM runs that correction eagerly on CPU",
@@ -196,8 +199,8 @@ REGISTRY: tuple[Patch, ...] = (
         targets=("vllm.v1.spec_decode.ngram_proposer:NgramProposer.batch_propose",),
         why=(
             "the ngram proposer restores numba's thread count, the core count, with "
-            "omp_set_num_threads: torch then runs more OpenMP threads than vLLM bound "
-            "(PP=2 + ngram on CPU 7.8x slower than PP=2 without spec)"
+            "omp_set_num_threads: torch then runs more OpenMP threads than the cores "
+            "vLLM bound the worker to"
         ),
         how="sets numba's thread count to torch's once vLLM bound the worker's threads",
         upstream="none found; vllm/v1/spec_decode/ngram_proposer.py:NgramProposer.batch_propose",

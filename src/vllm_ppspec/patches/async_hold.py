@@ -1,5 +1,6 @@
-"""vLLM 0.33's refusal of PP + async scheduling on the V1 runner, lifted for
-PP + spec with the plugin's worker, and only that refusal.
+"""Lift vLLM 0.33's PP + async refusal on the V1 runner, for PP + spec with the plugin's worker.
+
+Only that refusal is lifted.
 
 vLLM 0.33's ``VllmConfig.__post_init__`` raises "Async scheduling is not
 supported by the V1 model runner with pipeline parallelism." for an explicit

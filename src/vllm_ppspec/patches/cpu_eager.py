@@ -7,14 +7,10 @@ handful of element-wise ops over ``num_reqs`` integers. vLLM wraps it in
 ``torch.compile(dynamic=True, backend=current_platform.simple_compile_backend)``:
 on CPU that backend is inductor, which compiles C++ the first time a batch
 reaches it, and again for each new specialisation (a batch of one request
-specialises its size). ``enforce_eager`` does not cover it.
-
-Measured on this machine with vLLM's own worker at PP=1 (draft_model k=3, two
-requests): 32 steps took 2.77 s under async scheduling against 0.14 s under sync,
-while 200 steps took 3.13 s: a fixed ~2.6 s, nearly all of it inside dynamo and
-inductor under ``_prepare_inputs`` (py-spy), spent while the first requests
-wait. The "10-25x slower per step" of async + spec on CPU was that compile; in
-steady state an async step costs less than a sync one.
+specialises its size). ``enforce_eager`` does not cover it. The compile
+costs seconds once, while the first requests wait, and makes the first async
+steps many times slower than sync ones; in steady state an async step costs
+less than a sync one (docs/measurements.md, "patches/cpu_eager.py").
 
 :func:`install` points the name ``gpu_model_runner`` calls at the uncompiled
 function (``_torchdynamo_orig_callable``: the same Python body, run eagerly),

@@ -1,4 +1,4 @@
-"""A correct CPU ``expand_kernel`` for vLLM 0.32's rejection sampler.
+"""Replace the CPU ``expand_kernel`` of vLLM's rejection sampler with one that writes its output.
 
 Without Triton (vLLM's CPU backend), vLLM replaces
 ``vllm.v1.sample.rejection_sampler.expand_kernel`` with
@@ -13,8 +13,7 @@ top-k and top-p over its draft tokens. In a speculative batch with any
 temperature > 0 request, ``apply_sampling_constraints`` then divides every
 row's logits (greedy rows included) by that garbage, and the greedy argmax
 changes. A grammar row that allows only EOS becomes all -inf or NaN and yields
-token 0 ("grammar rejected tokens [0]"). Both were measured with vLLM's own
-worker at PP=1.
+token 0 ("grammar rejected tokens [0]"), with vLLM's own worker too.
 
 :func:`expand_kernel` does what the Triton ``expand_kernel`` does, in torch,
 writing into ``output`` in its own dtype. The plugin's CPU worker registers it

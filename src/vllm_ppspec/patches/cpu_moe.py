@@ -1,4 +1,4 @@
-"""``all_gatherv`` and ``reduce_scatterv`` for vLLM 0.32's CPU communicator.
+"""Give vLLM's CPU communicator ``all_gatherv`` and ``reduce_scatterv``, in gloo.
 
 vLLM's ``CpuCommunicator`` inherits both from ``DeviceCommunicatorBase``,
 where they raise ``NotImplementedError``. A MoE model at data-parallel size > 1

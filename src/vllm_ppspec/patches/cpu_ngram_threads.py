@@ -8,10 +8,9 @@ threading layer, which sets the OpenMP thread count of the process to numba's
 wheel ships no Intel OpenMP unless it is in ``LD_PRELOAD``; vLLM's CPU worker
 warns about that for speculative decoding). From the first proposal on, every
 torch operator of the worker then runs with that many OpenMP threads instead
-of the cores vLLM bound to it (``VLLM_CPU_OMP_THREADS_BIND``): at PP=2 on 2
-cores, a team of 2 spinning threads on each core. Measured with SmolLM2-135M
-at PP=2: the copy prompts took 95.1 s with ngram against 12.2 s without
-speculation (and 6.9 s for vLLM's own PP=1 with ngram).
+of the cores vLLM bound to it (``VLLM_CPU_OMP_THREADS_BIND``): with one core
+per rank, a team of spinning threads on each core, several times slower than
+without speculation (docs/measurements.md, "patches/cpu_ngram_threads.py").
 
 :func:`install`, in the plugin's CPU worker after vLLM bound its threads and
 only when the speculative method is ngram, starts numba's threading layer

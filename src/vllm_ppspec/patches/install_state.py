@@ -1,6 +1,7 @@
-"""Whether this process runs with the config patches: the plugin hook's outcome
-(:func:`vllm_ppspec.plugin.register` records it), which the plugin's workers
-check before anything else (:func:`require_installed`)."""
+"""Record whether this process runs with the config patches; refuse a worker without them.
+
+The plugin hook (:func:`vllm_ppspec.plugin.register`) records its outcome; the
+plugin's workers check it before anything else (:func:`require_installed`)."""
 
 from __future__ import annotations
 

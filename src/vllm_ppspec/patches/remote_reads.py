@@ -1,4 +1,4 @@
-"""A remote message-queue read that ends when its queue is shut down.
+"""End a remote message-queue read when its queue is shut down.
 
 vLLM's multiprocessing executor reads each worker's reply from a
 ``MessageQueue``. A reader on the same host waits in a loop that checks the
@@ -7,8 +7,8 @@ calls ``shutdown()``, the wait raises ``RuntimeError("cancelled")``, the step
 fails and the engine reports itself dead at once. A reader of a worker on
 another host (``--nnodes`` > 1) waits in one ``zmq`` poll for the whole RPC
 timeout instead (``MessageQueue.recv``, ``VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS``,
-300 s by default): with the last PP rank gone, the API server kept answering
-``/health`` with 200 and the requests hung for those 300 s.
+300 s by default): with the last PP rank gone, the API server answers
+``/health`` with 200 and the requests hang until that timeout.
 
 :func:`install` wraps ``MessageQueue.dequeue``: a remote reader polls in
 slices of :data:`SLICE_S` and raises ``RuntimeError("cancelled")`` as soon as

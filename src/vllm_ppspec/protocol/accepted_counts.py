@@ -1,4 +1,4 @@
-"""Accepted-draft counts rebuilt from the scheduler's own bookkeeping.
+"""Rebuild accepted-draft counts from the scheduler's own bookkeeping.
 
 Hybrid (GDN/Mamba) models keep one recurrent state per request; after a
 speculative step the runner shifts it by the number of valid tokens of that

@@ -1,4 +1,4 @@
-"""Pure tensor functions for one speculative round (no vLLM, no distributed).
+"""Shape one round's sampled and draft matrices (pure tensors: no vLLM, no distributed).
 
 Conventions follow vLLM's V1 rejection sampler: row ``i`` of the sampled matrix
 holds the accepted draft tokens of request ``i`` followed by one bonus or

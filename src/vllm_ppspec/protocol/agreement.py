@@ -1,4 +1,4 @@
-"""Ranks compare a dict of strings at start-up: a monitored barrier, then one gather.
+"""Compare a dict of strings across ranks at start-up: a monitored barrier, then one gather.
 
 Both start-up checks use it: the deployment check of who serves
 (``patches/deployment_check.py``, every rank of the world group) and the

@@ -1,4 +1,4 @@
-"""Before each drafter run, the DP ranks that hold drafters agree on it.
+"""Make the DP ranks that hold drafters agree on each drafter run before it starts.
 
 Why. vLLM keeps DP > 1 inside an engine only for MoE targets (dense DP ranks
 are independent engines that see DP size 1). There every drafter forward on

@@ -1,4 +1,4 @@
-"""Async scheduling with lanes, worker side: each step made as sync scheduling would send it.
+"""Make each lanes step, worker side, as sync scheduling would send it (async scheduling).
 
 Under async scheduling the plugin's scheduler (:mod:`vllm_ppspec.sched.lanes`)
 pins each request to a lane and schedules its next batch while the output of

@@ -1,4 +1,4 @@
-"""Where a rank's wall time goes, measured inside the runner.
+"""Measure where a rank's wall time goes, inside the runner.
 
 vLLM's workers spin while they wait, so CPU time cannot tell how busy a stage
 is. The benchmark reads these (``vllm_ppspec_tools.fixtures.probes.runner_clocks``):

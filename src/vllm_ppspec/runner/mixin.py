@@ -1,4 +1,4 @@
-"""The runner mixin: vLLM's V1 runner overrides, delegating to the mode's steps.
+"""Override vLLM's V1 runner methods and delegate them to the mode's steps (the runner mixin).
 
 Mixed into vLLM's ``GPUModelRunner`` (:class:`PPSpecGPUModelRunner`) and
 ``CPUModelRunner`` (:class:`vllm_ppspec.runner.platform.cpu.PPSpecCPUModelRunner`). The

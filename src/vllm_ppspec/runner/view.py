@@ -1,4 +1,4 @@
-"""The one view of vLLM's runner that the mode parts use.
+"""Give the mode parts their one view of vLLM's runner, checked on the built runner.
 
 The parts (``steps/sync.py``, ``steps/lanes.py``) reach vLLM's ``GPUModelRunner``
 only through :class:`RunnerView`: the attributes and the call they need,

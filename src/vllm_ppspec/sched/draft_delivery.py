@@ -1,4 +1,4 @@
-"""Each batch's draft tokens travel with that batch's output.
+"""Send each batch's draft tokens with that batch's output.
 
 vLLM's engine core asks the last rank for the latest drafts right after it
 scheduled a batch (``EngineCore.post_step`` -> ``take_draft_token_ids``): a

@@ -1,4 +1,4 @@
-"""The scheduler for PP + speculative decoding under sync scheduling.
+"""Schedule PP + speculative decoding under sync scheduling (PP batches in flight).
 
 vLLM's ``Scheduler`` with one change: a request's drafts are applied when
 the output of the batch that proposed them is processed, and only if that

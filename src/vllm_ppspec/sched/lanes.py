@@ -1,4 +1,4 @@
-"""The scheduler for PP + speculative decoding under async scheduling: lanes.
+"""Schedule PP + speculative decoding under async scheduling: requests pinned to lanes.
 
 vLLM's ``AsyncScheduler`` with one policy added. Under async scheduling the
 engine keeps PP + 1 batches in flight (``policy.batches_in_flight``),

@@ -1,4 +1,4 @@
-"""The CPU twin: the same mixin on vLLM's CPUModelRunner (a GPUModelRunner subclass)."""
+"""Put the runner mixin on vLLM's CPUModelRunner (a GPUModelRunner subclass)."""
 
 from __future__ import annotations
 

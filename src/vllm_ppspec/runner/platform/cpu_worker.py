@@ -1,4 +1,4 @@
-"""vLLM's CPU worker, building PPSpecCPUModelRunner."""
+"""Make vLLM's CPU worker build PPSpecCPUModelRunner (and install the CPU patches)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""vLLM's GPU worker, building PPSpecGPUModelRunner (always the V1 runner)."""
+"""Make vLLM's GPU worker build PPSpecGPUModelRunner (always the V1 runner)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The hooks every mode implements, and ``OFF``'s: each calls vLLM's own.
+"""Define the hooks every mode implements, and ``OFF``'s: each calls vLLM's own.
 
 The runner mixin (``runner/mixin.py``) holds one steps object, built once at set-up
 (:func:`vllm_ppspec.runner.steps.parts.build_steps`) for the mode the policy decided

@@ -1,4 +1,4 @@
-"""What vLLM sampled on the last rank, taken where vLLM hands it on.
+"""Take what vLLM sampled on the last rank where vLLM hands it on.
 
 vLLM's ``sample_tokens`` returns a ``ModelRunnerOutput`` (lists, made for the
 scheduler); the ``[num_reqs, <= k+1]`` tensor a round carries exists only as

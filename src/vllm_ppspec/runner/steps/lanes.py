@@ -1,4 +1,4 @@
-"""The runner's part in lanes mode (async scheduling with lanes).
+"""Post, receive and record the rounds of lanes mode (async scheduling with lanes).
 
 Messages, one round per step that sampled (step ``s``), in step order
 (:mod:`vllm_ppspec.protocol.rounds`): every rank posts its side at the end of

@@ -1,4 +1,4 @@
-"""The mode's steps object, built once at runner set-up, in one place.
+"""Build the mode's steps object once at runner set-up, in one place.
 
 :func:`build_steps` turns the mode (``vllm_ppspec.policy``) into its steps
 object (``base.py``) with the shared parts it needs: the round channel, the

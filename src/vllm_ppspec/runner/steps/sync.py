@@ -1,6 +1,7 @@
-"""The runner's part in sync mode (PP batches in flight), and in lanes mode,
-whose steps are made sync-shaped: state the scheduler output does not carry to
-a rank, rebuilt from what it does carry.
+"""Rebuild on each rank the state the scheduler output does not carry (sync and lanes mode).
+
+Sync mode keeps PP batches in flight; lanes mode makes its steps sync-shaped,
+so both rebuild that state from what the scheduler output does carry.
 
 * :meth:`SyncSteps.restore_output_tokens` (non-last ranks): a re-joining
   request's full token list.
