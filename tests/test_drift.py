@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_ppspec import version_guard
+from vllm_ppspec import version_data, version_guard
 from vllm_ppspec_tools import drift
 
 
@@ -40,19 +40,19 @@ def _recording_sources(root: Path, read: set[str]) -> drift.Sources:
 
 def test_installed_sources_have_no_drift_and_source_hashes_match_the_pins():
     report = drift.check(
-        drift.Sources.of_dir(_installed_root()), version_guard.REFERENCE_VLLM_VERSION
+        drift.Sources.of_dir(_installed_root()), version_data.REFERENCE_VLLM_VERSION
     )
     assert report.drift == [], "\n".join(report.lines)
     present = [line for line in report.lines if line.startswith("  present ")]
     runtime = [line for line in report.lines if line.startswith("  run time only ")]
-    assert len(present) + len(runtime) == len(version_guard.PRIVATE_NAMES)
+    assert len(present) + len(runtime) == len(version_data.PRIVATE_NAMES)
     assert len(runtime) == 1, runtime  # torch.compile's _torchdynamo_orig_callable
     sources = drift.Sources.of_dir(_installed_root())
-    for module, qualname, pins, _ in version_guard.MIRRORED_FUNCTIONS:
+    for module, qualname, pins, _ in version_data.MIRRORED_FUNCTIONS:
         found = drift.find(sources, module, qualname)
         assert found.node is not None, (module, qualname)
         static = drift.short_hash(drift.node_source(found.text, found.node))
-        pin = pins[version_guard.REFERENCE_VLLM_VERSION]
+        pin = pins[version_data.REFERENCE_VLLM_VERSION]
         assert static == pin == version_guard.source_hash(module, qualname), (module, qualname)
     overridden = {f"{m}:{q}" for m, q, _ in drift.overridden()}
     for name in (
@@ -87,7 +87,7 @@ PLANTS = {
 
 def test_a_planted_drift_fails_the_tool_naming_each_change_with_its_diff(tmp_path):
     read: set[str] = set()
-    drift.check(_recording_sources(_installed_root(), read), version_guard.REFERENCE_VLLM_VERSION)
+    drift.check(_recording_sources(_installed_root(), read), version_data.REFERENCE_VLLM_VERSION)
     for path in read:  # only the files the tool reads
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(_installed_root() / path, tmp_path / path)
@@ -130,7 +130,7 @@ def test_explained_drift_is_listed_and_passes(tmp_path, monkeypatch):
         file = _installed_root() / path
         return file.read_text() if file.is_file() else None
 
-    monkeypatch.setattr(version_guard, "EXPLAINED_DRIFT", {"9.9.9": {key: "re-read, same logic"}})
+    monkeypatch.setattr(version_data, "EXPLAINED_DRIFT", {"9.9.9": {key: "re-read, same logic"}})
     report = drift.check(drift.Sources(read), "9.9.9")
     assert report.drift == [], report.drift
     assert any(f"explained {key}" in line for line in report.lines), report.lines

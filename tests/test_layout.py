@@ -287,7 +287,7 @@ def test_the_plugin_folders_have_no_import_loop():
 # The plugin's layers, lowest first: a module imports only from its own layer
 # or a lower one (design.md, "Layout"). Every node is in one (by prefix).
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("pure", ("__init__.py", "policy.py", "version_guard.py", "protocol/")),
+    ("pure", ("__init__.py", "policy.py", "version_guard.py", "version_data.py", "protocol/")),
     ("patches", ("patches/",)),
     ("engine core and workers", ("sched/", "runner/")),
     ("entry points", ("plugin.py", "worker.py", "scheduler.py")),

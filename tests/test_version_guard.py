@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from vllm_ppspec import version_guard
+from vllm_ppspec import version_data, version_guard
 from vllm_ppspec.version_guard import (
     SUPPORTED_VLLM_VERSIONS,
     VLLMVersionError,
@@ -32,23 +32,23 @@ def test_installed_vllm_is_a_supported_one_and_has_every_listed_name():
 def test_mirrored_upstream_functions_have_their_pinned_source(monkeypatch):
     """A vLLM whose copied functions changed must be re-read before it is allowed."""
     assert version_guard.changed_mirrors() == []
-    for _, _, pins, _ in version_guard.MIRRORED_FUNCTIONS:
+    for _, _, pins, _ in version_data.MIRRORED_FUNCTIONS:
         assert set(pins) == set(SUPPORTED_VLLM_VERSIONS), pins  # a pin per version
-    module, qualname, pins, where = version_guard.MIRRORED_FUNCTIONS[0]
+    module, qualname, pins, where = version_data.MIRRORED_FUNCTIONS[0]
     # The check has teeth: a wrong pin for the installed version is reported
     # with the copy's location; the other version's pin does not count.
     installed = version_guard.installed_vllm_version()
     wrong = {v: ("0" * 16 if v == installed else h) for v, h in pins.items()}
-    monkeypatch.setattr(version_guard, "MIRRORED_FUNCTIONS", ((module, qualname, wrong, where),))
+    monkeypatch.setattr(version_data, "MIRRORED_FUNCTIONS", ((module, qualname, wrong, where),))
     assert version_guard.changed_mirrors() == [f"{module}:{qualname} (copied in {where})"]
     other = {v: (h if v == installed else "0" * 16) for v, h in pins.items()}
-    monkeypatch.setattr(version_guard, "MIRRORED_FUNCTIONS", ((module, qualname, other, where),))
+    monkeypatch.setattr(version_data, "MIRRORED_FUNCTIONS", ((module, qualname, other, where),))
     assert version_guard.changed_mirrors() == []
 
 
 def test_the_0_33_embedding_decision_is_pinned_apart_from_0_32():
     pins = {
-        q: p for m, q, p, _ in version_guard.MIRRORED_FUNCTIONS if m.endswith("llm_base_proposer")
+        q: p for m, q, p, _ in version_data.MIRRORED_FUNCTIONS if m.endswith("llm_base_proposer")
     }
     share = pins["SpecDecodeBaseProposer._maybe_share_embeddings"]
     assert share["0.32.0"] != share["0.33.0"]  # 0.33 shares with a weightless draft embedding
@@ -67,9 +67,9 @@ def test_other_versions_are_refused_with_the_supported_ones_named():
 
 def test_missing_private_name_is_reported(monkeypatch):
     monkeypatch.setattr(
-        version_guard,
+        version_data,
         "PRIVATE_NAMES",
-        version_guard.PRIVATE_NAMES
+        version_data.PRIVATE_NAMES
         + (("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._no_such_method"),),
     )
     with pytest.raises(VLLMVersionError) as e:
@@ -131,13 +131,13 @@ def _copy_source(where: str) -> str:
 
 
 def test_every_copy_of_upstream_logic_is_pinned_and_names_its_upstream_function():
-    pinned = {where.split(" ")[0] for _, _, _, where in version_guard.MIRRORED_FUNCTIONS}
+    pinned = {where.split(" ")[0] for _, _, _, where in version_data.MIRRORED_FUNCTIONS}
     for copy in (
         "patches.async_hold:v1_async_refusal_besides_pp",
         "runner.steps.sync:SyncSteps.restore_output_tokens",
     ):
         assert copy in pinned, copy
-    for module, qualname, _, where in version_guard.MIRRORED_FUNCTIONS:
+    for module, qualname, _, where in version_data.MIRRORED_FUNCTIONS:
         # The copy still exists under that name, and says beside it which
         # upstream function (and file) it mirrors.
         source = _copy_source(where)
@@ -171,7 +171,7 @@ def test_0_32_0_cu128_is_supported_and_uses_0_32_0s_pins(monkeypatch):
     assert version_guard.installed_vllm_version() == "0.32.0"
     assert version_guard.vllm_at_least("0.32.0") and not version_guard.vllm_at_least("0.33.0")
     label = version_guard.installed_vllm_label()
-    for _, _, pins, _ in version_guard.MIRRORED_FUNCTIONS:
+    for _, _, pins, _ in version_data.MIRRORED_FUNCTIONS:
         assert version_guard.mirror_pin(pins, label) == pins["0.32.0"]
 
 
@@ -181,7 +181,7 @@ def test_local_labels_map_to_their_release_and_other_releases_are_still_refused(
     # The embedding decision is pinned apart per release: a label keeps its own.
     share = next(
         p
-        for _, q, p, _ in version_guard.MIRRORED_FUNCTIONS
+        for _, q, p, _ in version_data.MIRRORED_FUNCTIONS
         if q == "SpecDecodeBaseProposer._maybe_share_embeddings"
     )
     assert version_guard.mirror_pin(share, "0.33.0+cpu") == share["0.33.0"] != share["0.32.0"]

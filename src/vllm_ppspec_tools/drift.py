@@ -7,17 +7,17 @@
 Downloads the ``vllm==VERSION`` wheel without its dependencies (``pip download
 --no-deps``, cached under ``--cache``), or reads ``--wheel`` / an unpacked
 ``--source`` tree, and reports, against the vLLM installed here (which must be
-the reference version, ``version_guard.REFERENCE_VLLM_VERSION``):
+the reference version, ``version_data.REFERENCE_VLLM_VERSION``):
 
-* every private name in ``version_guard.PRIVATE_NAMES``: present or missing;
-* every mirrored function in ``version_guard.MIRRORED_FUNCTIONS``: the source
+* every private name in ``version_data.PRIVATE_NAMES``: present or missing;
+* every mirrored function in ``version_data.MIRRORED_FUNCTIONS``: the source
   hash pinned for VERSION (the reference's pin for a release not supported),
   or changed, with the diff;
 * every upstream method the plugin overrides (its runner, worker and scheduler
   classes: found from their MRO) or wraps (``vllm_ppspec.patches.PATCHED_NAMES``):
   the same source as installed, or changed, with the diff.
 
-Exits 1 on any drift that ``version_guard.EXPLAINED_DRIFT[VERSION]`` does not
+Exits 1 on any drift that ``version_data.EXPLAINED_DRIFT[VERSION]`` does not
 explain, 0 otherwise. A name reached only at run time (an attribute set on a
 function object, such as torch.compile's ``_torchdynamo_orig_callable``) is
 reported as such and not counted.
@@ -265,18 +265,19 @@ def _diff(old: str, new: str, name: str, version: str, pinned: str) -> str:
 
 def check(sources: Sources, version: str) -> Report:
     from vllm_ppspec import patches
+    from vllm_ppspec import version_data as data
     from vllm_ppspec import version_guard as guard
 
-    pinned = guard.REFERENCE_VLLM_VERSION
+    pinned = data.REFERENCE_VLLM_VERSION
     if guard.installed_vllm_version() != pinned:
         raise SystemExit(
             f"drift: compares against the reference vLLM {pinned}, installed "
             f"here is {guard.installed_vllm_version()}: run it in the project's .venv"
         )
-    report = Report(version, dict(guard.EXPLAINED_DRIFT.get(version, {})))
+    report = Report(version, dict(data.EXPLAINED_DRIFT.get(version, {})))
 
-    report.lines.append(f"private names ({len(guard.PRIVATE_NAMES)}):")
-    for module, path in guard.PRIVATE_NAMES:
+    report.lines.append(f"private names ({len(data.PRIVATE_NAMES)}):")
+    for module, path in data.PRIVATE_NAMES:
         found = find(sources, module, path)
         key = f"{module}:{path}"
         if found.missing:
@@ -286,8 +287,8 @@ def check(sources: Sources, version: str) -> Report:
         else:
             report.lines.append(f"  present {key}")
 
-    report.lines.append(f"mirrored functions ({len(guard.MIRRORED_FUNCTIONS)}):")
-    for module, qualname, pins, where in guard.MIRRORED_FUNCTIONS:
+    report.lines.append(f"mirrored functions ({len(data.MIRRORED_FUNCTIONS)}):")
+    for module, qualname, pins, where in data.MIRRORED_FUNCTIONS:
         key = f"{module}:{qualname}"
         found = find(sources, module, qualname)
         if found.node is None:

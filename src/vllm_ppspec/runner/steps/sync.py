@@ -66,7 +66,7 @@ class SyncSteps(Steps):
         resumed requests under async scheduling. Mirrors the resumed-request
         branch of ``GPUModelRunner._update_states``
         (vllm/v1/worker/gpu_model_runner.py; hash pinned in
-        version_guard.MIRRORED_FUNCTIONS).
+        version_data.MIRRORED_FUNCTIONS).
         """
         cached = scheduler_output.scheduled_cached_reqs
         all_token_ids = cached.all_token_ids
