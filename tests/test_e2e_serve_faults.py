@@ -133,6 +133,7 @@ def test_sigkill_of_a_worker_fails_requests_and_the_server_promptly(models, tmp_
         pool.shutdown()
         # Every request still in flight when the worker died ends with an error
         # (or a stream cut short), none with all its tokens.
+        assert in_flight, f"every request finished before the kill: {results}"
         assert all(results[i] != "completed" for i in in_flight), (in_flight, results)
         assert sum(r != "completed" for r in results) >= 8, results
         while any("VLLM::Worker" in a for a in _session_procs(srv.proc.pid).values()):
