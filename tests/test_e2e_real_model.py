@@ -4,9 +4,9 @@ Copy-heavy chat prompts (repeat, rewrite or edit a paragraph or some code),
 greedy. Oracle: every token id equals vLLM's own worker at PP=1 without spec.
 ngram must accept more than a fifth of its drafts (it finds the copied text).
 The self-speculative drafter (the model's first 6 layers, its norm and head)
-is accepted rarely (measured: 2% of drafts; 3% with 15 layers, 17% with 22:
-SmolLM2 was not trained to exit early), so its cases prove token identity
-through rejections and the odd acceptance. If the wheel cannot be fetched the
+is accepted rarely (measured: 2% of drafts, 17 of 891; 1-4% is asserted; 3%
+with 15 layers, 17% with 22: SmolLM2 was not trained to exit early), so its
+cases prove token identity through rejections and the odd acceptance. If the wheel cannot be fetched the
 tests fail with the reason (they do not skip).
 """
 
@@ -111,7 +111,10 @@ def test_real_model_pp2_spec_matches_pp1_without_spec(real_baseline, pp2_run, me
     if method == "ngram":
         assert stats["accepted"] > 0.2 * stats["drafts"], stats
     else:
-        assert 0 < stats["accepted"] < 0.2 * stats["drafts"], stats
+        # No planted rule for a real drafter: its greedy proposals turn on
+        # float near-ties, so no exact count. Measured (2026-12-03): 17 of 891
+        # (1.9%), sync and async alike; docs/support.md: 2-3%. A band around it.
+        assert 0.01 * stats["drafts"] <= stats["accepted"] <= 0.04 * stats["drafts"], stats
 
 
 # Structured outputs: constrained greedy requests (regex, JSON schema) in flight
