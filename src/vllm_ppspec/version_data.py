@@ -233,6 +233,11 @@ EXPLAINED_DRIFT: dict[str, dict[str, str]] = {
             "which the plugin's schedulers call, so blocks of a batch still in the "
             "pipeline are not cached"
         ),
+        "vllm.distributed.parallel_state:initialize_model_parallel": (
+            "DeepseekV41's engram DP group may span the whole DP group and then reuses it; "
+            "patches.deployment_check's wrapper calls it unchanged and gathers on the world "
+            "group only after it returned"
+        ),
         "vllm.v1.engine.utils:get_engine_process_shutdown_timeout": (
             "an explicitly set VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS now gives the window on "
             "every platform: patches.stop_grace keeps any window vLLM gives and adds its own "
