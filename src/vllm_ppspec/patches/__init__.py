@@ -1,6 +1,6 @@
 """List every change the plugin makes to vLLM outside its own classes, in one registry.
 
-Two places, by when they apply:
+Four places, by when they apply:
 
 * ``config``: in every vLLM process (API server, engine core, workers), from
   the general-plugin hook (:func:`vllm_ppspec.plugin.register`) before any
@@ -185,10 +185,7 @@ REGISTRY: tuple[Patch, ...] = (
         module="vllm_ppspec.patches.cpu_eager",
         when="worker",
         targets=("vllm.v1.worker.gpu_model_runner:update_num_computed_tokens_for_batch_change",),
-        why=(
-            "inductor compiles the async spec-decode correction mid-serving on CPU, "
-            "while the first requests wait"
-        ),
+        why="inductor compiles the async spec-decode correction on CPU while requests wait",
         how="points the runner module's name at the uncompiled function",
         upstream=("none found; vllm/v1/spec_decode/utils.py (torch.compile with the CPU backend)"),
         remove_when="vLLM runs that correction eagerly on CPU",
