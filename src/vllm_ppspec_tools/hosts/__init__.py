@@ -3,12 +3,12 @@
 Shared by the tests and the tools (``scripts/bench_two_hosts.py``); needs root
 and iproute2.
 
-- ``netns``: network namespaces joined by a veth pair (or nothing), deleted
-  by name afterwards;
+- ``netns``: network namespaces joined by a veth pair, a bridge (in a
+  namespace of its own) or nothing, deleted by name afterwards;
 - ``delay_line``: a link with a one-way delay between two namespaces (TUN
   devices; no ``tc netem`` needed);
-- ``two_hosts``: two "hosts" (network + pid namespace, own ``/dev/shm`` and
-  hostname), each running a fork server, and ``vllm serve --nnodes 2`` across
-  them;
+- ``two_hosts``: two or more "hosts" (network + pid namespace, own
+  ``/dev/shm`` and hostname), each running a fork server, and
+  ``vllm serve --nnodes N`` across them, one PP rank per host;
 - ``node_init``: process 1 of a host's pid namespace.
 """

@@ -1,10 +1,11 @@
-"""Two "hosts" on this machine: network namespaces joined by a veth pair.
+"""Hosts on this machine: network namespaces joined by a veth pair (two) or
+by a bridge (any number).
 
-Each namespace gets an address the caller assigns (10.231.<n>.1 and .2 on a
-/24 of its own); traffic goes between them only. :func:`veth_hosts` makes
-them and deletes them by name afterwards, even when the caller fails. It needs
-root and iproute2 (``ip netns``); without them it raises saying so (a test
-using it fails, it does not skip).
+Each namespace gets an address the caller assigns (10.<net>.<n>.1, .2, ...
+on a /24 of its own); traffic goes between them only. :func:`veth_hosts` and
+:func:`bridge_hosts` make them and delete them by name afterwards, even when
+the caller fails. They need root and iproute2 (``ip netns``); without them
+they raise saying so (a test using them fails, it does not skip).
 """
 
 from __future__ import annotations
@@ -44,23 +45,32 @@ def require_netns() -> None:
         )
 
 
+LETTERS = "abcdefgh"  # the hosts' names: ppspec-<tag>-<pid>-<letter>
+
+
 @contextmanager
-def bare_hosts(tag: str, prefix: str = "pt", net: int = 233) -> Iterator[tuple[Host, Host]]:
-    """Two namespaces, ``ppspec-<tag>-<pid>-{a,b}``, with no link between them
-    (the caller adds one: veth_hosts, or delay_line.delay_link), their interface
-    names and addresses (``10.<net>.<n>.1`` and ``.2``) chosen for it."""
+def bare_hosts(
+    tag: str, prefix: str = "pt", net: int = 233, count: int = 2
+) -> Iterator[tuple[Host, ...]]:
+    """``count`` namespaces, ``ppspec-<tag>-<pid>-{a,b,...}``, with no link
+    between them (the caller adds one: veth_hosts, bridge_hosts or
+    delay_line.delay_link), their interface names and addresses
+    (``10.<net>.<n>.1``, ``.2``, ...) chosen for it."""
     require_netns()
+    assert 1 <= count <= len(LETTERS), count
     pid = os.getpid()
     subnet = 1 + pid % 250
-    a = Host(f"ppspec-{tag}-{pid}-a", f"{prefix}{pid % 100000}a", f"10.{net}.{subnet}.1")
-    b = Host(f"ppspec-{tag}-{pid}-b", f"{prefix}{pid % 100000}b", f"10.{net}.{subnet}.2")
+    hosts = tuple(
+        Host(f"ppspec-{tag}-{pid}-{x}", f"{prefix}{pid % 100000}{x}", f"10.{net}.{subnet}.{i + 1}")
+        for i, x in enumerate(LETTERS[:count])
+    )
     try:
-        for host in (a, b):
+        for host in hosts:
             _ip("netns", "add", host.netns)
             _ip("-n", host.netns, "link", "set", "lo", "up")
-        yield a, b
+        yield hosts
     finally:
-        for host in (a, b):
+        for host in hosts:
             subprocess.run(["ip", "netns", "delete", host.netns], capture_output=True)
 
 
@@ -74,6 +84,33 @@ def veth_hosts(tag: str) -> Iterator[tuple[Host, Host]]:
             _ip("-n", host.netns, "addr", "add", f"{host.addr}/24", "dev", host.ifname)
             _ip("-n", host.netns, "link", "set", host.ifname, "up")
         yield a, b
+
+
+@contextmanager
+def bridge_hosts(tag: str, count: int) -> Iterator[tuple[Host, ...]]:
+    """``count`` namespaces on one bridge: the bridge lives in a namespace of
+    its own, ``ppspec-<tag>-<pid>-sw`` (a switch, no address), joined to each
+    host by a veth pair made with both ends in their namespaces; deleting the
+    namespaces by name deletes every link."""
+    with bare_hosts(tag, "pb", 234, count) as hosts:
+        switch = f"ppspec-{tag}-{os.getpid()}-sw"
+        try:
+            _ip("netns", "add", switch)
+            _ip("-n", switch, "link", "add", "br0", "type", "bridge")
+            _ip("-n", switch, "link", "set", "br0", "up")
+            for host in hosts:
+                port = f"{host.ifname}s"
+                _ip(
+                    "link", "add", host.ifname, "netns", host.netns,
+                    "type", "veth", "peer", "name", port, "netns", switch,
+                )  # fmt: skip
+                _ip("-n", switch, "link", "set", port, "master", "br0")
+                _ip("-n", switch, "link", "set", port, "up")
+                _ip("-n", host.netns, "addr", "add", f"{host.addr}/24", "dev", host.ifname)
+                _ip("-n", host.netns, "link", "set", host.ifname, "up")
+            yield hosts
+        finally:
+            subprocess.run(["ip", "netns", "delete", switch], capture_output=True)
 
 
 def link_down(host: Host) -> None:

@@ -1,11 +1,12 @@
-"""Two hosts on this machine, for PP across hosts (tests/test_e2e_two_hosts.py,
-scripts/bench_two_hosts.py).
+"""Hosts on this machine, for PP across hosts: two (tests/test_e2e_two_hosts.py,
+tests/test_e2e_link_faults.py, scripts/bench_two_hosts.py) or more, one PP
+rank each (tests/test_e2e_three_hosts.py).
 
 Each host is a network namespace with its own pid namespace, ``/dev/shm``
-(or this machine's, shared by both) and hostname (``netns`` makes the
-namespaces and the veth pair between them, or ``delay_line`` a slow link; a
-second veth pair joins the first host to the root namespace, where the client
-runs). Its process 1 is ``node_init``,
+(or this machine's, shared by all) and hostname (``netns`` makes the
+namespaces and the veth pair between two, or the bridge between more;
+``delay_line`` a slow link between two; a second veth pair joins the first
+host to the root namespace, where the client runs). Its process 1 is ``node_init``,
 which runs a fork server (vLLM imported once per host) inside the host:
 every ``vllm serve`` is forked from it, so it runs in that host's
 namespaces, with that host's pids.
@@ -32,7 +33,7 @@ from vllm_ppspec_tools.fixtures import forkserver
 from vllm_ppspec_tools.fixtures.server import health, pp_spec_args, serve_args
 from vllm_ppspec_tools.fixtures.spec_configs import tiny_spec
 from vllm_ppspec_tools.hosts.delay_line import delay_link
-from vllm_ppspec_tools.hosts.netns import Host, _ip, bare_hosts, veth_hosts
+from vllm_ppspec_tools.hosts.netns import Host, _ip, bare_hosts, bridge_hosts, veth_hosts
 
 K = 3  # draft tokens per round (the tests' K, tests/acceptance.py)
 MAX_MODEL_LEN = 512
@@ -135,27 +136,44 @@ class Node:
 
 
 @dataclass
-class TwoHosts:
-    nodes: tuple[Node, Node]
+class Hosts:
+    nodes: tuple[Node, ...]  # host r runs PP rank r (node rank r)
     client_addr: str  # host 0's address on the client link (the API server's)
 
 
+TwoHosts = Hosts  # the two-host callers' name
+
+
 @contextmanager
-def two_hosts(
-    tag: str, delay_ms: float | None = None, shared_shm: bool = False
-) -> Iterator[TwoHosts]:
-    """Hosts 0 and 1 (fork servers started), and the client link to host 0.
-    The hosts' link is a veth pair, or with ``delay_ms`` the delay line
-    (``delay_line``: TUN devices, that one-way delay). ``shared_shm``: both
-    hosts see this machine's ``/dev/shm`` (:func:`host_fork_server`)."""
+def two_hosts(tag: str, delay_ms: float | None = None, shared_shm: bool = False) -> Iterator[Hosts]:
+    """Hosts 0 and 1: :func:`pp_hosts` with two."""
+    with pp_hosts(tag, 2, delay_ms, shared_shm) as hosts:
+        yield hosts
+
+
+@contextmanager
+def pp_hosts(
+    tag: str, count: int, delay_ms: float | None = None, shared_shm: bool = False
+) -> Iterator[Hosts]:
+    """Hosts 0 to ``count - 1`` (fork servers started), and the client link
+    to host 0. Two hosts are linked by a veth pair, or with ``delay_ms`` by the
+    delay line (``delay_line``: TUN devices, that one-way delay); more by a
+    bridge (``netns.bridge_hosts``). ``shared_shm``: every host sees this
+    machine's ``/dev/shm`` (:func:`host_fork_server`)."""
+    assert delay_ms is None or count == 2, "the delay line joins two hosts"
     with ExitStack() as stack:
-        if delay_ms is None:
-            a, b = stack.enter_context(veth_hosts(tag))
+        hosts: tuple[Host, ...]
+        if count > 2:
+            hosts = stack.enter_context(bridge_hosts(tag, count))
+        elif delay_ms is None:
+            hosts = stack.enter_context(veth_hosts(tag))
         else:
-            a, b = stack.enter_context(bare_hosts(tag))
+            hosts = stack.enter_context(bare_hosts(tag))
+            a, b = hosts
             stack.enter_context(
                 delay_link(a.netns, a.ifname, a.addr, b.netns, b.ifname, b.addr, delay_ms)
             )
+        a = hosts[0]
         subnet = a.addr.split(".")[2]
         root_if, host_if = f"{a.ifname[:-1]}c", f"{a.ifname[:-1]}d"
         client_addr = f"10.232.{subnet}.2"
@@ -168,13 +186,13 @@ def two_hosts(
         _ip("-n", a.netns, "link", "set", host_if, "up")
         nodes = tuple(
             Node(rank, host, host_fork_server(host, f"ppspec-host{rank}", shared_shm))
-            for rank, host in enumerate((a, b))
+            for rank, host in enumerate(hosts)
         )
         for node in nodes:
             stack.callback(_end_host, node)
         for node in nodes:
             node.server._ensure()
-        yield TwoHosts(nodes, client_addr)  # type: ignore[arg-type]
+        yield Hosts(nodes, client_addr)
 
 
 def _end_host(node: Node) -> None:
@@ -193,14 +211,17 @@ def _end_host(node: Node) -> None:
 def node_args(
     models,
     drafter: str | tuple[str, dict] | None,
-    hosts: TwoHosts,
+    hosts: Hosts,
     rank: int,
     *extra: str,
     eager: bool = True,
 ) -> list[str]:
-    """One node's ``vllm serve`` command line: ``drafter`` a tiny drafter's
-    name, or (model path, speculative config); ``None``: no speculation (the
-    plugin's worker then changes nothing); ``eager=False``: compiled."""
+    """One node's ``vllm serve`` command line, one PP rank per host
+    (``--pipeline-parallel-size`` and ``--nnodes`` the hosts' count):
+    ``drafter`` a tiny drafter's name, or (model path, speculative config);
+    ``None``: no speculation (the plugin's worker then changes nothing);
+    ``eager=False``: compiled."""
+    pp = len(hosts.nodes)
     if isinstance(drafter, tuple):
         model, spec = drafter
     else:
@@ -210,15 +231,15 @@ def node_args(
     if not eager:
         base.remove("--enforce-eager")
     if drafter is None:
-        pp = ["--pipeline-parallel-size", "2", "--distributed-executor-backend", "mp"]
+        pp_args = ["--pipeline-parallel-size", str(pp), "--distributed-executor-backend", "mp"]
     else:
-        pp = pp_spec_args(2, spec, worker_cls=False)
+        pp_args = pp_spec_args(pp, spec, worker_cls=False)
     args = [
         "vllm",
         "serve",
         *base,
-        *pp,
-        "--nnodes", "2", "--node-rank", str(rank),
+        *pp_args,
+        "--nnodes", str(pp), "--node-rank", str(rank),
         "--master-addr", hosts.nodes[0].host.addr, "--master-port", str(MASTER_PORT),
     ]  # fmt: skip
     if rank == 0:
@@ -226,7 +247,7 @@ def node_args(
     return [*args, "--headless"]
 
 
-def node_env(hosts: TwoHosts, rank: int) -> dict[str, str]:
+def node_env(hosts: Hosts, rank: int) -> dict[str, str]:
     """What each node needs (docs/across-hosts.md): its own address for vLLM
     and gloo, and one OpenMP core list per local rank."""
     host = hosts.nodes[rank].host
@@ -240,11 +261,11 @@ def node_env(hosts: TwoHosts, rank: int) -> dict[str, str]:
 
 
 class Pipeline:
-    """The two nodes of one ``vllm serve --nnodes 2``."""
+    """The nodes of one ``vllm serve --nnodes N``, one per host."""
 
     def __init__(
         self,
-        hosts: TwoHosts,
+        hosts: Hosts,
         models,
         drafter: str | tuple[str, dict] | None,
         tmp_path: Path,
@@ -253,10 +274,10 @@ class Pipeline:
         common: dict[str, str] | None = None,
         eager: bool = True,
     ):
-        """``env``: extra environment per host rank; ``common``: for both."""
+        """``env``: extra environment per host rank; ``common``: for every host."""
         self.hosts = hosts
         self.base = f"http://{hosts.client_addr}:{API_PORT}"
-        self.logs = [tmp_path / f"host{r}.log" for r in (0, 1)]
+        self.logs = [tmp_path / f"host{r}.log" for r in range(len(hosts.nodes))]
         self.jobs = [
             node.start(
                 node_args(models, drafter, hosts, r, *extra, eager=eager),
