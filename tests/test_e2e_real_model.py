@@ -6,8 +6,8 @@ ngram must accept more than a fifth of its drafts (it finds the copied text).
 The self-speculative drafter (the model's first 6 layers, its norm and head)
 is accepted rarely (measured: 2% of drafts, 17 of 891; 1-4% is asserted; 3%
 with 15 layers, 17% with 22: SmolLM2 was not trained to exit early), so its
-cases prove token identity through rejections and the odd acceptance. If the wheel cannot be fetched the
-tests fail with the reason (they do not skip).
+cases prove token identity through rejections and the odd acceptance. If the
+wheel cannot be fetched the tests fail with the reason (they do not skip).
 """
 
 from __future__ import annotations
