@@ -90,19 +90,19 @@ def _methods(cls: ast.ClassDef) -> set[str]:
     return {n.name for n in cls.body if isinstance(n, ast.FunctionDef)}
 
 
-def test_the_hooks_per_mode_match_the_steps_classes():
-    hooks = _methods(_classes(PLUGIN / "runner" / "steps" / "base.py")["Steps"])
-    implemented: dict[str, set[str]] = {"Steps": set()}
-    for path in sorted((PLUGIN / "runner").rglob("*.py")):
+def test_the_parts_per_rank_and_mode_match_the_steps_classes():
+    """The runner section's table names every part class of ``runner/steps/``
+    (a ``Part`` subclass other than the steps objects themselves), and no other."""
+    parts: set[str] = set()
+    for path in sorted((PLUGIN / "runner" / "steps").rglob("*.py")):
         for name, cls in _classes(path).items():
             bases = {b.id for b in cls.bases if isinstance(b, ast.Name)}
-            if "Steps" in bases:
-                implemented[name] = _methods(cls) & hooks
-    rows = re.findall(
-        r"^\| `(\w+)` \| `(\w+)`[^|]*\| ([^|\n]*) \|$", section(design_text(), "Layout"), re.M
-    )
-    documented = {cls: set(re.findall(r"`(\w+)`", cell)) & hooks for _, cls, cell in rows}
-    assert documented == implemented, f"Layout says {documented}, the code {implemented}"
+            if bases & {"Part", "_Lanes"} and not name.startswith("_") and name != "Steps":
+                parts.add(name)
+    table = section(design_text(), "The runner: one steps object per rank and mode")
+    rows = re.findall(r"^\| [^|\n]* \| ([^|\n]*) \| ([^|\n]*) \|$", table, re.M)
+    documented = {n for row in rows for cell in row for n in re.findall(r"`([A-Z]\w+)`", cell)}
+    assert parts and documented == parts, f"design.md names {documented}, the code {parts}"
 
 
 def test_no_dates_and_no_removed_modes():
@@ -169,7 +169,7 @@ def py_path_exists(path: str) -> bool:
 
 def test_the_name_checks_catch_missing_names():
     assert dotted_name_exists("vllm_ppspec.patches.REGISTRY")
-    assert dotted_name_exists("vllm_ppspec.runner.steps.base.Steps.prepare")
+    assert dotted_name_exists("vllm_ppspec.runner.steps.base.Part.before_execute")
     assert not dotted_name_exists("vllm_ppspec.runner.mode")
     assert not dotted_name_exists("vllm_ppspec.runner.steps.base.Steps.no_such_hook")
     assert py_path_exists("runner/mixin.py") and py_path_exists("tests/test_layout.py")

@@ -91,7 +91,7 @@ def test_hybrid_mtp_under_pp_keeps_state_on_every_rank(hybrid, hybrid_pp1, fixtu
 
 def test_oracle_has_teeth_without_the_non_last_state_update(hybrid, hybrid_pp1, monkeypatch):
     """Switching off the non-last ranks' accepted-count replay must fail the oracle."""
-    monkeypatch.setenv("VLLM_PPSPEC_FAULT_SKIP_STATE_REPLAY", "1")
+    monkeypatch.setenv("VLLM_PPSPEC_FAULT_SKIP_ACCEPTED_COUNTS", "1")
     res = _run(hybrid, "hybrid_copy", 2, 3, "sync")
     assert res.returncode == 0, res.log[-8000:]
     _, failures = judge(hybrid_pp1("hybrid_copy"), res.outputs)

@@ -26,7 +26,7 @@ BOUND_S = 240  # engine start-up (about 30 s here) + failing + shutting down
 @pytest.mark.parametrize(
     "fault,mode,error",
     [
-        ("drop_stash@4", "async", "MissingStashError"),
+        ("drop_rows@4", "async", "MissingRowsError"),
         ("raise@4", "sync", "InjectedFault"),
         ("raise@4", "async", "InjectedFault"),
         ("raise_in_round@4", "async", "InjectedFault"),

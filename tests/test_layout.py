@@ -254,7 +254,7 @@ def test_the_cycle_finder_finds_a_loop():
 def test_each_subfolder_is_a_node():
     """runner/'s subfolders are nodes of their own; runner/'s own modules, like
     the package root's, are one node each."""
-    assert _node_of("vllm_ppspec.runner.steps.lanes.LaneSteps") == "runner/steps/"
+    assert _node_of("vllm_ppspec.runner.steps.lanes.LaneSender") == "runner/steps/"
     assert _node_of("vllm_ppspec.runner.steps") == "runner/steps/"
     assert _node_of("vllm_ppspec.runner.health.peer_watch") == "runner/health/"
     assert _node_of("vllm_ppspec.runner.mixin.PPSpecRunnerMixin") == "runner/mixin.py"
@@ -354,3 +354,59 @@ def test_public_names_keep_their_paths():
     from vllm_ppspec.worker import PPSpecWorker
 
     assert WORKER_QUALNAME == "vllm_ppspec.worker.PPSpecWorker" and PPSpecWorker
+
+
+# The runner's per-step path: the mixin's overrides vLLM calls every step, and
+# every method of the steps' classes (runner/steps/), set-up aside.
+PER_STEP_OVERRIDES = (
+    "execute_model",
+    "sample_tokens",
+    "_update_states",
+    "_update_states_after_model_execute",
+    "_pp_broadcast_prev_sampled_token_ids",
+    "_build_attention_metadata",
+    "_model_forward",
+)
+RANK_OR_MODE = re.compile(
+    r"is_last|last_rank|rank_in_group|pp_rank|is_first|ppspec_active|\bMode\b|\.mode\b"
+)
+
+
+def _conditions(func: ast.AST) -> list[str]:
+    """The source of every condition in ``func``: if, while, conditional expression."""
+    return [
+        ast.unparse(node.test)
+        for node in ast.walk(func)
+        if isinstance(node, (ast.If, ast.While, ast.IfExp))
+    ]
+
+
+def test_no_rank_or_mode_branch_in_the_per_step_path():
+    """The rank and the mode are decided once, when the steps are built
+    (runner/steps/build.py): the per-step path only calls hooks."""
+    mixin = ast.parse((PLUGIN / "runner" / "mixin.py").read_text())
+    per_step: list[tuple[str, ast.AST]] = [
+        (f"mixin.{f.name}", f)
+        for f in ast.walk(mixin)
+        if isinstance(f, ast.FunctionDef) and f.name in PER_STEP_OVERRIDES
+    ]
+    assert {name.split(".")[1] for name, _ in per_step} == set(PER_STEP_OVERRIDES)
+    for path in sorted((PLUGIN / "runner" / "steps").glob("*.py")):
+        if path.name == "build.py":  # set-up: where the branches belong
+            continue
+        for cls in (n for n in ast.parse(path.read_text()).body if isinstance(n, ast.ClassDef)):
+            per_step += [
+                (f"{path.stem}.{cls.name}.{f.name}", f)
+                for f in cls.body
+                if isinstance(f, ast.FunctionDef) and f.name != "__init__"
+            ]
+    found = [
+        (name, cond) for name, func in per_step for cond in _conditions(func)
+        if RANK_OR_MODE.search(cond)
+    ]  # fmt: skip
+    assert not found, f"rank or mode branches on the per-step path: {found}"
+
+
+def test_the_branch_check_sees_a_rank_branch():
+    func = ast.parse("def f(self):\n    if self.is_last:\n        pass\n").body[0]
+    assert any(RANK_OR_MODE.search(c) for c in _conditions(func))

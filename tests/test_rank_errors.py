@@ -88,11 +88,11 @@ def test_without_the_plugin_active_vllm_behaviour_is_kept(monkeypatch, ended):
 
 
 def test_fault_switches_parse_once_and_refuse_bad_values(monkeypatch):
-    monkeypatch.setenv(faults.FAULT, "drop_stash@3")
+    monkeypatch.setenv(faults.FAULT, "drop_rows@3")
     f = faults.Faults.from_env()
-    assert f.fires("drop_stash", 3) and not f.fires("drop_stash", 2) and not f.fires("raise", 3)
+    assert f.fires("drop_rows", 3) and not f.fires("drop_rows", 2) and not f.fires("raise", 3)
     assert f.any() and not faults.Faults().any()
-    for bad in ("drop_stash", "explode@1", "raise@0", "raise@x"):
+    for bad in ("drop_rows", "explode@1", "raise@0", "raise@x"):
         monkeypatch.setenv(faults.FAULT, bad)
         with pytest.raises(ValueError, match="VLLM_PPSPEC_FAULT"):
             faults.Faults.from_env()

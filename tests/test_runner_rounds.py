@@ -24,12 +24,12 @@ def _stub_runner(rank: int, world: int, spec: bool, num_reqs: int):
 
     runner = object.__new__(PPSpecCPUModelRunner)
     runner.speculative_config = SimpleNamespace(method="draft_model") if spec else None
-    runner._ppspec_is_last = rank == world - 1
     runner.num_spec_tokens = K if spec else 0
     if spec:
-        from vllm_ppspec.runner.steps.sync import SyncSteps
+        from vllm_ppspec.policy import Mode
+        from vllm_ppspec.runner.steps.base import ActiveSteps
 
-        runner._ppspec_steps = SyncSteps(rank == world - 1, hybrid=False)
+        runner._ppspec_steps = ActiveSteps(Mode.SYNC, [], hides_drafter=rank < world - 1)
     runner.device = torch.device("cpu")
     runner.use_async_scheduling = True
     runner.broadcast_pp_output = False
@@ -50,19 +50,35 @@ def _stub_runner(rank: int, world: int, spec: bool, num_reqs: int):
     return runner
 
 
-def test_missing_stash_raises_on_a_non_last_rank():
+def test_missing_rows_raise_on_a_non_last_rank():
     """Lanes: a non-last rank's sample_tokens needs the rows its execute_model
     recorded; without them it raises naming the rank, before posting its receive."""
-    from vllm_ppspec.protocol.faults import Faults
     from vllm_ppspec.runner.clocks import Clocks
-    from vllm_ppspec.runner.health.rank_errors import MissingStashError
-    from vllm_ppspec.runner.steps.lanes import LaneSteps
-    from vllm_ppspec.runner.steps.sync import SyncSteps
+    from vllm_ppspec.runner.health.rank_errors import MissingRowsError
+    from vllm_ppspec.runner.steps.base import StepState
+    from vllm_ppspec.runner.steps.lanes import LaneReceiver
 
     channel = SimpleNamespace(expect=lambda n: pytest.fail("posted a receive"))
-    steps = LaneSteps(channel, 2, 0, False, Faults(), Clocks(), SyncSteps(False, False))
-    with pytest.raises(MissingStashError, match="PP rank 0: sample_tokens was called without"):
-        steps.sample(None, 1, lambda: "vllm's output")  # type: ignore[arg-type]
+    receiver = LaneReceiver(channel, Clocks(), 2, 0, 0)  # type: ignore[arg-type]
+    with pytest.raises(MissingRowsError, match="PP rank 0: sample_tokens was called without"):
+        receiver.after_sample(None, StepState(0, None), "vllm's output")  # type: ignore[arg-type]
+
+
+def test_a_receiver_takes_the_round_that_is_due_from_its_pre_seeded_queue():
+    """PP rank r of PP waits, at the start of step s, for the round of step
+    s - (PP - r): its queue starts with PP - r empty entries, one entry per step."""
+    from vllm_ppspec.runner.clocks import Clocks
+    from vllm_ppspec.runner.steps.lanes import LaneReceiver, LaneRows
+
+    received: list[int] = []
+    receiver = LaneReceiver(SimpleNamespace(), Clocks(), 2, 0, 0)  # type: ignore[arg-type]
+    receiver.receive = lambda rows: received.append(rows.step)  # type: ignore[method-assign]
+    never_missing = SimpleNamespace(missing=lambda *a: False)
+    receiver.book = never_missing  # type: ignore[assignment]
+    for step in range(5):
+        receiver.settle(receiver.queue.popleft(), None, None)
+        receiver.queue.append(LaneRows(step, [], None, {}))
+    assert received == [0, 1, 2]  # steps 2, 3, 4 each took the round of two steps before
 
 
 def _plain_path(rank: int, world: int):
@@ -117,8 +133,7 @@ def test_spec_round_does_not_use_vllms_device_group_broadcast():
         assert r.value == "ok"
 
 
-def _sync_runner(is_last: bool):
-    from vllm_ppspec.runner.steps.sync import SyncSteps
+def _sync_runner():
     from vllm_ppspec.runner.view import RunnerView
 
     runner = SimpleNamespace(num_accepted_tokens_event=None)
@@ -129,7 +144,28 @@ def _sync_runner(is_last: bool):
     runner.input_batch = SimpleNamespace(
         req_id_to_index={}, num_accepted_tokens_cpu=np.ones(8, dtype=np.int32)
     )
-    return RunnerView(runner), SyncSteps(is_last, hybrid=True)
+    return RunnerView(runner)
+
+
+def _sync_steps(is_last: bool, skip: bool):
+    """A hybrid model's sync steps on one rank, as the runner's set-up builds them."""
+    from vllm_ppspec.policy import Mode
+    from vllm_ppspec.protocol.faults import Faults
+    from vllm_ppspec.runner.clocks import Clocks
+    from vllm_ppspec.runner.steps.build import build_steps
+
+    pp = SimpleNamespace(is_last_rank=is_last, world_size=2, rank_in_group=int(is_last))
+    return build_steps(
+        Mode.SYNC,
+        pp,
+        hybrid=True,
+        eagle3_relay=False,
+        capacity=8,
+        k=K,
+        fault=Faults(skip_accepted_counts=skip),
+        clocks=Clocks(),
+        view=None,  # type: ignore[arg-type]
+    )
 
 
 def _sched(cached, computed, scheduled, drafts, resumed=(), finished=(), all_tokens=None):
@@ -147,18 +183,15 @@ def _sched(cached, computed, scheduled, drafts, resumed=(), finished=(), all_tok
 
 
 def _accepted_counts_after_rejoin(skip: bool) -> list[int]:
-    runner, sync = _sync_runner(is_last=False)
-    sync.skip_accepted_counts = skip  # what _ppspec_setup read from the env
+    runner, steps = _sync_runner(), _sync_steps(is_last=False, skip=skip)
     # Round 1: a, b, c at 10 computed tokens, each 1 token + 3 drafts.
-    sync.restore_accepted_counts(
+    steps.after_update(
         runner, _sched("abc", [10] * 3, {r: 4 for r in "abc"}, {r: 3 for r in "abc"})
     )
     # They re-join the batch (vLLM resets their rows to 1). The scheduler
     # rolled back rejections: 3, 1 and 0 drafts accepted; c was resumed.
     runner.input_batch.req_id_to_index = {"c": 0, "a": 1, "b": 2}
-    sync.restore_accepted_counts(
-        runner, _sched("abc", [14, 12, 0], {r: 4 for r in "abc"}, {}, resumed="c")
-    )
+    steps.after_update(runner, _sched("abc", [14, 12, 0], {r: 4 for r in "abc"}, {}, resumed="c"))
     return runner.input_batch.num_accepted_tokens_cpu[:3].tolist()
 
 
@@ -171,14 +204,27 @@ def test_without_the_rebuild_rejoined_rows_keep_vllms_reset_counts():
 
 
 def test_rejoining_request_gets_its_full_token_list_on_a_non_last_rank():
-    runner, sync = _sync_runner(is_last=False)
+    runner, steps = _sync_runner(), _sync_steps(is_last=False, skip=False)
     # vLLM's own update left "a" with only the last sampled token of each round.
     runner.requests["a"].output_token_ids = [100, 104]
     all_tokens = {"a": list(range(8)) + [100, 101, 102, 103, 104, 105]}
-    sync.before_update(runner, _sched("ab", [13, 10], {"a": 4, "b": 1}, {}, all_tokens=all_tokens))
+    steps.before_update(runner, _sched("ab", [13, 10], {"a": 4, "b": 1}, {}, all_tokens=all_tokens))
     # Up to the computed tokens; vLLM then appends the newest one (105).
     assert runner.requests["a"].output_token_ids == [100, 101, 102, 103, 104]
     assert runner.requests["b"].output_token_ids == []  # stayed in the batch: untouched
+
+
+def test_each_rank_and_mode_gets_its_own_parts():
+    from vllm_ppspec.runner.steps.hybrid import RestoreAcceptedCounts
+    from vllm_ppspec.runner.steps.sync import DeliverDrafts, RestoreOutputTokens
+
+    def kinds(steps):
+        return [type(p) for p in steps.parts]
+
+    assert kinds(_sync_steps(True, False)) == [DeliverDrafts, RestoreAcceptedCounts]
+    assert kinds(_sync_steps(False, False)) == [RestoreOutputTokens, RestoreAcceptedCounts]
+    assert kinds(_sync_steps(False, True)) == [RestoreOutputTokens]  # the fault: no rebuild
+    assert kinds(_sync_steps(True, True)) == [DeliverDrafts, RestoreAcceptedCounts]
 
 
 class _UpstreamRunner:
@@ -192,33 +238,31 @@ class _UpstreamRunner:
 
 
 def test_every_step_reaches_the_modes_hooks_and_is_counted():
-    """The mixin holds no mode: each step calls the steps object's hooks."""
+    """The mixin holds no mode: each step calls the steps object's hooks, with
+    one record per step and one counter."""
     from vllm_ppspec.policy import Mode
     from vllm_ppspec.runner.mixin import PPSpecRunnerMixin
-    from vllm_ppspec.runner.steps.base import Steps
+    from vllm_ppspec.runner.steps.base import ActiveSteps, Part
 
-    calls: list[str] = []
+    calls: list[tuple[str, int]] = []
 
-    class Recording(Steps):
-        mode = Mode.SYNC
+    class Recording(Part):
+        def before_execute(self, view, state):
+            calls.append(("before_execute", state.index))
 
-        def prepare(self, view, scheduler_output):
-            calls.append("prepare")
-
-        def executed(self, view, scheduler_output):
-            calls.append("executed")
+        def after_forward(self, view, state, output, received):
+            calls.append(("after_forward", state.index))
 
     class Runner(PPSpecRunnerMixin, _UpstreamRunner):
         pass
 
     runner = Runner()
     runner.speculative_config = SimpleNamespace(method="draft_model")
-    runner._ppspec_steps = Recording()
-    runner._ppspec_is_last = False
+    runner._ppspec_steps = ActiveSteps(Mode.SYNC, [Recording()], hides_drafter=True)
     sched = SimpleNamespace(total_num_scheduled_tokens=4)
     for _ in range(3):
         runner.execute_model(sched, None)
-    assert calls == ["prepare", "executed"] * 3
+    assert calls == [(hook, i) for i in range(3) for hook in ("before_execute", "after_forward")]
     assert runner.ppspec_clocks.steps == 3  # the bench's step count (steps with tokens)
 
 
@@ -261,18 +305,21 @@ def _set_up_runner(monkeypatch, spec: bool):
 
 
 def test_fault_injection_switch_is_read_once_at_set_up(monkeypatch):
+    """The switch decides at set-up which parts are built, and a later change of
+    the env is ignored (the rank set up here is not the last)."""
     from vllm_ppspec.protocol.faults import SKIP_ACCEPTED_COUNTS
+    from vllm_ppspec.runner.steps.hybrid import RestoreAcceptedCounts
+
+    def restores(runner) -> bool:
+        return any(isinstance(p, RestoreAcceptedCounts) for p in runner._ppspec_steps.parts)
 
     monkeypatch.setenv(SKIP_ACCEPTED_COUNTS, "1")
     runner = _set_up_runner(monkeypatch, spec=True)
     monkeypatch.delenv(SKIP_ACCEPTED_COUNTS)
-    # A later change of the env is ignored.
-    assert runner._ppspec_faults.skip_accepted_counts is True
-    assert runner._ppspec_steps.skip_accepted_counts is True  # the sync part got it
+    assert not restores(runner)
+    assert restores(_set_up_runner(monkeypatch, spec=True))
     monkeypatch.setenv(SKIP_ACCEPTED_COUNTS, "1")
-    assert _set_up_runner(monkeypatch, spec=False)._ppspec_faults.skip_accepted_counts is False
-    monkeypatch.delenv(SKIP_ACCEPTED_COUNTS)
-    assert _set_up_runner(monkeypatch, spec=True)._ppspec_faults.skip_accepted_counts is False
+    assert not hasattr(_set_up_runner(monkeypatch, spec=False)._ppspec_steps, "parts")  # OFF
 
 
 def test_overrides_call_straight_through_before_set_up():

@@ -134,7 +134,7 @@ def test_every_copy_of_upstream_logic_is_pinned_and_names_its_upstream_function(
     pinned = {where.split(" ")[0] for _, _, _, where in version_data.MIRRORED_FUNCTIONS}
     for copy in (
         "patches.async_hold:v1_async_refusal_besides_pp",
-        "runner.steps.sync:SyncSteps.restore_output_tokens",
+        "runner.steps.sync:restore_output_tokens",
     ):
         assert copy in pinned, copy
     for module, qualname, _, where in version_data.MIRRORED_FUNCTIONS:

@@ -147,7 +147,7 @@ MIRRORED_FUNCTIONS: tuple[tuple[str, str, dict[str, str], str], ...] = (
         "vllm.v1.worker.gpu_model_runner",
         "GPUModelRunner._update_states",
         {"0.32.0": "326599f31b273b94", "0.33.0": "326599f31b273b94"},
-        "runner.steps.sync:SyncSteps.restore_output_tokens",
+        "runner.steps.sync:restore_output_tokens",
     ),
     (
         "vllm.v1.spec_decode.llm_base_proposer",

@@ -1,13 +1,13 @@
 """Fault-injection switches for tests, read once when the runner is set up.
 
-``VLLM_PPSPEC_FAULT_SKIP_STATE_REPLAY=1`` (:data:`SKIP_ACCEPTED_COUNTS`):
+``VLLM_PPSPEC_FAULT_SKIP_ACCEPTED_COUNTS=1`` (:data:`SKIP_ACCEPTED_COUNTS`):
 non-last ranks do not restore hybrid models' accepted counts
-(``SyncSteps.restore_accepted_counts``), so their hybrid state drifts.
+(``steps/hybrid.RestoreAcceptedCounts`` is not built there), so their hybrid state drifts.
 
 ``VLLM_PPSPEC_FAULT=<kind>@<n>`` on non-last ranks, at their n-th step (1-based):
 
-* ``drop_stash@n`` (lanes): ``sample_tokens`` loses the step rows its
-  ``execute_model`` left for it and raises ``MissingStashError``, at the
+* ``drop_rows@n`` (lanes): ``sample_tokens`` loses the step rows its
+  ``execute_model`` left for it and raises ``MissingRowsError``, at the
   first ``sample_tokens`` from step n on;
 * ``raise@n``: ``execute_model`` raises before the forward (any mode);
 * ``raise_in_round@n`` (lanes): receiving a round raises, at the first round
@@ -18,9 +18,8 @@ DP rank 1 reports one drafter forward more than it will run at its n-th
 ``propose`` (every DP rank then raises ``DPAgreementError``; protocol/dp_agreement.py).
 
 Tests use them to show that a broken invariant is caught and that an error on
-a rank vLLM does not read replies from ends the engine. The variable and kind
-names are matched literally by the start-up check's host-local switches and
-the end-to-end tests.
+a rank vLLM does not read replies from ends the engine. They reach the runner's
+parts when the parts are built (``runner/steps/build.py``).
 """
 
 from __future__ import annotations
@@ -28,9 +27,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-SKIP_ACCEPTED_COUNTS = "VLLM_PPSPEC_FAULT_SKIP_STATE_REPLAY"
+SKIP_ACCEPTED_COUNTS = "VLLM_PPSPEC_FAULT_SKIP_ACCEPTED_COUNTS"
 FAULT = "VLLM_PPSPEC_FAULT"
-KINDS = ("drop_stash", "raise", "raise_in_round", "dp_disagree")
+KINDS = ("drop_rows", "raise", "raise_in_round", "dp_disagree")
 
 
 class InjectedFault(RuntimeError):

@@ -1,16 +1,16 @@
-"""Override vLLM's V1 runner methods and delegate them to the mode's steps (the runner mixin).
+"""Override vLLM's V1 runner methods and call this rank's steps from each (the runner mixin).
 
 Mixed into vLLM's ``GPUModelRunner`` (:class:`PPSpecGPUModelRunner`) and
 ``CPUModelRunner`` (:class:`vllm_ppspec.runner.platform.cpu.PPSpecCPUModelRunner`). The
-mode is decided once (:mod:`vllm_ppspec.policy`) and its steps object built
-once (:mod:`~vllm_ppspec.runner.steps.parts`), in ``_ppspec_setup``; every step's
-override calls that object's hooks (:mod:`~vllm_ppspec.runner.steps.base`) and
-holds no mode of its own. ``OFF`` is a steps object whose hooks call vLLM's.
-The parts:
+mode is decided once (:mod:`vllm_ppspec.policy`) and this rank's steps object
+built once (:mod:`~vllm_ppspec.runner.steps.build`), in ``_ppspec_setup``; every
+per-step override calls that object's hooks (:mod:`~vllm_ppspec.runner.steps.base`)
+with no condition, and holds no mode or rank of its own. ``OFF`` is a steps
+object with no part. The parts:
 
-* :mod:`~vllm_ppspec.runner.steps.sync` (``SYNC``),
-  :mod:`~vllm_ppspec.runner.steps.lanes` (``LANES``), through one view of
-  vLLM's runner (:mod:`~vllm_ppspec.runner.view`);
+* :mod:`~vllm_ppspec.runner.steps.sync`, :mod:`~vllm_ppspec.runner.steps.lanes`,
+  :mod:`~vllm_ppspec.runner.steps.hybrid`, :mod:`~vllm_ppspec.runner.steps.relay`,
+  through one view of vLLM's runner (:mod:`~vllm_ppspec.runner.view`);
 * :mod:`~vllm_ppspec.runner.drafter.scope`: the drafter hidden on non-last
   ranks, and shown a single-stage PP group on the last;
 * :mod:`~vllm_ppspec.runner.drafter.embedding_handover`: the target's embedding for
@@ -29,7 +29,7 @@ Collectives the plugin adds, on every rank of the PP group unless said:
 * once at set-up, in this order, when the mode is not ``OFF``: the start-up
   check (``startup_check.agree``: a ``monitored_barrier``, an
   ``all_gather_object``), the round shape ``all_reduce`` (``LANES`` only,
-  ``parts.build_steps``), the placement check (``placement.pp_on_one_host``:
+  ``build.build_steps``), the placement check (``placement.pp_on_one_host``:
   a broadcast, an ``all_reduce``), then the peer watch's ``all_gather_object``
   of listening addresses (``peer_watch.watch_pp_peers``);
 * once after ``load_model``, mode not ``OFF``: the embedding hand-over's header
@@ -57,7 +57,6 @@ check_vllm()
 # The imports below need a supported vLLM: the guard above runs first.
 from vllm.distributed.parallel_state import get_dp_group, get_pp_group  # noqa: E402
 from vllm.logger import init_logger  # noqa: E402
-from vllm.sequence import IntermediateTensors  # noqa: E402
 from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer  # noqa: E402
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner  # noqa: E402
 
@@ -66,12 +65,12 @@ from vllm_ppspec.protocol import faults  # noqa: E402
 from vllm_ppspec.runner.clocks import Clocks  # noqa: E402
 from vllm_ppspec.runner.drafter import dp_hook, eagle3  # noqa: E402
 from vllm_ppspec.runner.drafter.embedding_handover import give_drafter_the_target_embedding  # noqa: E402
-from vllm_ppspec.runner.drafter.scope import drafter_hidden, isolate_drafter  # noqa: E402
+from vllm_ppspec.runner.drafter.scope import isolate_drafter  # noqa: E402
 from vllm_ppspec.runner.health.peer_watch import watch_pp_peers  # noqa: E402
 from vllm_ppspec.runner.health.placement import peer_watch_host  # noqa: E402
 from vllm_ppspec.runner.health.startup_check import agree, fingerprint  # noqa: E402
-from vllm_ppspec.runner.steps.base import Steps  # noqa: E402
-from vllm_ppspec.runner.steps.parts import build_steps, check_engine_mode  # noqa: E402
+from vllm_ppspec.runner.steps.base import Steps, StepState  # noqa: E402
+from vllm_ppspec.runner.steps.build import build_steps, check_engine_mode  # noqa: E402
 from vllm_ppspec.runner.view import RunnerView  # noqa: E402
 
 if TYPE_CHECKING:
@@ -92,9 +91,8 @@ class PPSpecRunnerMixin:
     # Class defaults: vLLM's own __init__ may reach an override before
     # _ppspec_setup runs; until then every override calls straight through.
     _ppspec_steps: Steps = Steps()
-    _ppspec_is_last: bool = True
-    _ppspec_faults: faults.Faults = faults.Faults()
-    _ppspec_fault_step: int = 0  # non-last ranks: execute_model calls (fault injection)
+    _ppspec_step_count: int = 0  # execute_model calls on this rank
+    _ppspec_state: StepState = StepState(-1, None)  # the step now between its hooks
 
     @property
     def ppspec_active(self) -> bool:
@@ -126,7 +124,7 @@ class PPSpecRunnerMixin:
         """Called right after GPUModelRunner.__init__ (drafter already built)."""
         pp = get_pp_group()
         mode = mode_of(bool(self.speculative_config), pp.world_size, self.use_async_scheduling)
-        self._ppspec_is_last = pp.is_last_rank
+        is_last = pp.is_last_rank
         # DP > 1 (MoE targets): this rank's drafter agrees with the other DP
         # ranks' on each run (protocol/dp_agreement.py), in every mode.
         self._ppspec_install_dp_agreement()
@@ -143,22 +141,21 @@ class PPSpecRunnerMixin:
         # (one host or several), or every rank refuses (health/startup_check.py).
         agree(pp.cpu_group, fingerprint(self, mode.value))
         RunnerView.check(self)
-        self._ppspec_faults = faults.Faults.from_env()
-        if self._ppspec_faults.any():
-            logger.warning(
-                "vllm-ppspec: test fault injection on non-last ranks: %s", self._ppspec_faults
-            )
+        fault = faults.Faults.from_env()
+        if fault.any():
+            logger.warning("vllm-ppspec: test fault injection on non-last ranks: %s", fault)
         self._ppspec_steps = build_steps(
             mode,
             pp,
             hybrid=bool(self.model_config.is_hybrid),  # type: ignore[attr-defined]
+            eagle3_relay=eagle3.uses_aux_states(self.speculative_config),
             capacity=self.max_num_reqs,  # type: ignore[attr-defined]
             k=self.num_spec_tokens,
-            fault=self._ppspec_faults,
+            fault=fault,
             clocks=self.ppspec_clocks,
             view=self._ppspec_view,
         )
-        if self._ppspec_is_last:
+        if is_last:
             isolate_drafter(self.drafter)  # type: ignore[attr-defined]
         # Every PP rank, once, here, in this order on the PP gloo group: the
         # placement check (health/placement.py), then the peer watch's address
@@ -196,33 +193,31 @@ class PPSpecRunnerMixin:
         )
 
     # ------------------------------------------------------------------
-    # Non-last ranks have no drafter: hide it from vLLM's set-up and metadata paths.
+    # Non-last ranks have no drafter: hide it from vLLM's set-up and metadata
+    # paths (the steps' drafter scope; OFF and the last rank show it).
     # ------------------------------------------------------------------
-    def _ppspec_hides_drafter(self) -> bool:
-        return self.ppspec_active and not self._ppspec_is_last
-
     def _dummy_run(self, *args: Any, **kwargs: Any) -> Any:
         # A dummy batch writes nothing into the drafter's KV cache (dp_hook.py).
         dp_hook.clear_dummy_slots(getattr(self, "drafter", None))
-        with drafter_hidden(self, self._ppspec_hides_drafter()):
+        with self._ppspec_steps.drafter_scope(self):
             return super()._dummy_run(*args, **kwargs)  # type: ignore[misc]
 
     def _build_attention_metadata(self, *args: Any, **kwargs: Any) -> Any:
-        with drafter_hidden(self, self._ppspec_hides_drafter()):
+        with self._ppspec_steps.drafter_scope(self):
             return super()._build_attention_metadata(*args, **kwargs)  # type: ignore[misc]
 
     def initialize_metadata_builders(self, *args: Any, **kwargs: Any) -> Any:
-        with drafter_hidden(self, self._ppspec_hides_drafter()):
+        with self._ppspec_steps.drafter_scope(self):
             return super().initialize_metadata_builders(*args, **kwargs)  # type: ignore[misc]
 
     def _check_and_update_cudagraph_mode(self, *args: Any, **kwargs: Any) -> Any:
-        with drafter_hidden(self, self._ppspec_hides_drafter()):
+        with self._ppspec_steps.drafter_scope(self):
             return super()._check_and_update_cudagraph_mode(  # type: ignore[misc]
                 *args, **kwargs
             )
 
     def initialize_kv_cache(self, *args: Any, **kwargs: Any) -> Any:
-        with drafter_hidden(self, self._ppspec_hides_drafter()):
+        with self._ppspec_steps.drafter_scope(self):
             return super().initialize_kv_cache(*args, **kwargs)  # type: ignore[misc]
 
     # ------------------------------------------------------------------
@@ -231,7 +226,8 @@ class PPSpecRunnerMixin:
     def load_model(self, *args: Any, **kwargs: Any) -> Any:
         result = super().load_model(*args, **kwargs)  # type: ignore[misc]
         if self.ppspec_active:
-            give_drafter_the_target_embedding(self, get_pp_group(), self._ppspec_is_last)
+            pp = get_pp_group()
+            give_drafter_the_target_embedding(self, pp, pp.is_last_rank)
         return result
 
     def _setup_eagle3_aux_hidden_state_outputs(self) -> None:
@@ -240,10 +236,10 @@ class PPSpecRunnerMixin:
             vllm_setup()
             return
         model = self.model  # type: ignore[attr-defined]
-        eagle3.set_up(model, self.speculative_config, self._ppspec_is_last, vllm_setup)
+        eagle3.set_up(model, self.speculative_config, get_pp_group().is_last_rank, vllm_setup)
 
     # ------------------------------------------------------------------
-    # Every step: the mode's hooks (steps/base.py)
+    # Every step: this rank's hooks (steps/base.py), with no condition
     # ------------------------------------------------------------------
     def _update_states(self, scheduler_output: SchedulerOutput) -> Any:
         steps, view = self._ppspec_steps, self._ppspec_view
@@ -253,58 +249,40 @@ class PPSpecRunnerMixin:
         return deferred
 
     def execute_model(
-        self,
-        scheduler_output: SchedulerOutput,
-        intermediate_tensors: IntermediateTensors | None = None,
+        self, scheduler_output: SchedulerOutput, intermediate_tensors: Any = None
     ) -> Any:
-        clocks = self.ppspec_clocks
+        clocks, steps, view = self.ppspec_clocks, self._ppspec_steps, self._ppspec_view
         if scheduler_output.total_num_scheduled_tokens > 0:
             clocks.steps += 1
+        state = self._ppspec_state = StepState(self._ppspec_step_count, scheduler_output)
+        self._ppspec_step_count += 1
         with clocks.timing("total_step_s"):
-            return self._ppspec_execute_model(scheduler_output, intermediate_tensors)
-
-    def _ppspec_execute_model(
-        self,
-        scheduler_output: SchedulerOutput,
-        intermediate_tensors: IntermediateTensors | None,
-    ) -> Any:
-        self._ppspec_steps.prepare(self._ppspec_view, scheduler_output)
-        if not self.ppspec_active or self._ppspec_is_last:
-            return super().execute_model(  # type: ignore[misc]
+            steps.before_execute(view, state)
+            output = super().execute_model(  # type: ignore[misc]
                 scheduler_output, intermediate_tensors
             )
-        self._ppspec_fault_step += 1
-        if self._ppspec_faults.fires("raise", self._ppspec_fault_step):
-            raise faults.InjectedFault(f"raise@{self._ppspec_fault_step} on a non-last PP rank")
-        output = super().execute_model(  # type: ignore[misc]
-            scheduler_output, intermediate_tensors
-        )
-        if isinstance(output, IntermediateTensors):
-            self._ppspec_steps.executed(self._ppspec_view, scheduler_output)
-            if intermediate_tensors is not None and eagle3.uses_aux_states(self.speculative_config):
-                eagle3.relay(self.model, output, intermediate_tensors)  # type: ignore[attr-defined]
+            steps.after_forward(view, state, output, intermediate_tensors)
         return output
 
     def _update_states_after_model_execute(
         self, output_token_ids: torch.Tensor, scheduler_output: SchedulerOutput
     ) -> None:
-        if self._ppspec_is_last:
-            self._ppspec_steps.sampled(output_token_ids)
+        self._ppspec_steps.sampled_tensor(output_token_ids)
         super()._update_states_after_model_execute(  # type: ignore[misc]
             output_token_ids, scheduler_output
         )
 
     def _pp_broadcast_prev_sampled_token_ids(self, sampled_token_ids: torch.Tensor) -> None:
-        if self.ppspec_active:
-            return  # the rounds (or, in sync mode, the scheduler output) carry it
-        super()._pp_broadcast_prev_sampled_token_ids(sampled_token_ids)  # type: ignore[misc]
+        vllm_broadcast = super()._pp_broadcast_prev_sampled_token_ids  # type: ignore[misc]
+        self._ppspec_steps.pp_broadcast(vllm_broadcast, sampled_token_ids)
 
     def sample_tokens(self, grammar_output: Any) -> Any:
-        vllm_sample = super().sample_tokens  # type: ignore[misc]
+        steps, view, state = self._ppspec_steps, self._ppspec_view, self._ppspec_state
         with self.ppspec_clocks.timing("total_step_s"):
-            return self._ppspec_steps.sample(
-                self._ppspec_view, self._ppspec_fault_step, lambda: vllm_sample(grammar_output)
-            )
+            steps.before_sample(view, state)
+            output = super().sample_tokens(grammar_output)  # type: ignore[misc]
+            steps.after_sample(view, state, output)
+        return output
 
     def ppspec_shutdown(self) -> None:
         """The worker shuts down: the mode's steps end theirs."""

@@ -47,6 +47,10 @@ class RunnerView:
         return self._runner.input_batch
 
     @property
+    def model(self) -> Any:
+        return self._runner.model
+
+    @property
     def num_reqs(self) -> int:
         return int(self._runner.input_batch.num_reqs)
 

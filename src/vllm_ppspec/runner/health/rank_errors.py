@@ -40,12 +40,12 @@ logger = init_logger("vllm.ppspec")
 EXIT_CODE = 70  # EX_SOFTWARE
 
 
-class MissingStashError(RuntimeError):
+class MissingRowsError(RuntimeError):
     """A non-last PP rank reached ``sample_tokens`` without what its
     ``execute_model`` left for it (lanes: the step's rows)."""
 
     @classmethod
-    def on_rank(cls, rank: int, what: str) -> MissingStashError:
+    def on_rank(cls, rank: int, what: str) -> MissingRowsError:
         return cls(
             f"PP rank {rank}: sample_tokens was called without {what}; this rank "
             "cannot apply the speculative rounds the last rank sends."

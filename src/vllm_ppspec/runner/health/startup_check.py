@@ -63,7 +63,7 @@ HOST_LOCAL_SWITCHES: dict[str, str] = {
     "VLLM_PPSPEC_AUTO": "compared by the decision it leads to (patches/deployment_check.py)",
     "VLLM_PPSPEC_CPU_COMPILED_CORRECTION": "the same correction, compiled or eager",
     "VLLM_PPSPEC_FAULT": "tests: a fault injected on this host's ranks",
-    "VLLM_PPSPEC_FAULT_SKIP_STATE_REPLAY": "tests: a fault injected on this host's ranks",
+    "VLLM_PPSPEC_FAULT_SKIP_ACCEPTED_COUNTS": "tests: a fault injected on this host's ranks",
     "VLLM_PPSPEC_HOME": "tools: this host's cache and results directory",
     "VLLM_PPSPEC_CACHE": "tools: this host's cache directory",
 }

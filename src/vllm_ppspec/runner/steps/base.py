@@ -1,42 +1,53 @@
-"""Define the hooks every mode implements, and ``OFF``'s: each calls vLLM's own.
+"""The hooks of one step, the record a step hands from hook to hook, and the chain of parts.
 
-The runner mixin (``runner/mixin.py``) holds one steps object, built once at set-up
-(:func:`vllm_ppspec.runner.steps.parts.build_steps`) for the mode the policy decided
-(:mod:`vllm_ppspec.policy`), and calls these hooks at the same points of
-every step, whatever the mode:
+The runner mixin (``runner/mixin.py``) holds one :class:`Steps` object, built once
+at set-up for this rank and mode (:func:`vllm_ppspec.runner.steps.build.build_steps`),
+and calls its hooks at the same points of every step, with no condition:
 
-=================  ==========================================================
-``prepare``        start of ``execute_model``, before vLLM's
-``before_update``  in ``_update_states``, before vLLM's
-``after_update``   in ``_update_states``, after vLLM's
-``executed``       non-last ranks, after a forward that returned intermediate tensors
-``sample``         ``sample_tokens``: wraps vLLM's (``vllm_sample``)
-``sampled``        where vLLM hands its sampled tensor to
-                   ``_update_states_after_model_execute`` (last rank)
-``shutdown``       the worker shuts down
-=================  ==========================================================
+===================  ========================================================
+``before_execute``   start of ``execute_model``, before vLLM's
+``before_update``    in ``_update_states``, before vLLM's
+``after_update``     in ``_update_states``, after vLLM's
+``after_forward``    end of ``execute_model``, after vLLM's (its output)
+``before_sample``    start of ``sample_tokens``, before vLLM's
+``sampled_tensor``   where vLLM hands its sampled tensor to
+                     ``_update_states_after_model_execute``
+``after_sample``     end of ``sample_tokens``, after vLLM's (its output)
+``shutdown``         the worker shuts down
+===================  ========================================================
 
-Which mode implements which: ``OFF`` none (this class); ``SYNC``
-(``sync.SyncSteps``) ``before_update``, ``after_update``, ``sample``;
-``LANES`` (``lanes.LaneSteps``) all but ``shutdown``, its rebuilds being
-``SYNC``'s. ``shutdown`` is called by the plugin's workers when they shut
-down (``PPSpecRunnerMixin.ppspec_shutdown``); no mode holds anything to end
-there yet.
+``execute_model`` makes one :class:`StepState` (the step's index, its
+scheduler output, and what a part records for a later hook of the same step)
+and ``sample_tokens`` gets the same record. ``OFF`` is :class:`Steps` itself:
+no part, vLLM's own PP broadcast and drafter. A mode's :class:`ActiveSteps`
+calls each hook of its parts in order; each part (:class:`Part`) implements
+the hooks it needs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from dataclasses import dataclass
 from typing import Any
 
 from vllm_ppspec.policy import Mode
+from vllm_ppspec.runner.drafter.scope import drafter_hidden
 from vllm_ppspec.runner.view import RunnerView
 
 
-class Steps:
-    mode = Mode.OFF
+@dataclass
+class StepState:
+    """One step, from ``execute_model`` to its ``sample_tokens``."""
 
-    def prepare(self, view: RunnerView, scheduler_output: Any) -> None:
+    index: int  # execute_model calls on this rank before this one (the same on every rank)
+    scheduler_output: Any
+    rows: Any = None  # lanes: this step's rows, recorded after its forward
+
+
+class Part:
+    """One piece of a mode's steps: every hook does nothing unless overridden."""
+
+    def before_execute(self, view: RunnerView, state: StepState) -> None:
         pass
 
     def before_update(self, view: RunnerView, scheduler_output: Any) -> None:
@@ -45,14 +56,76 @@ class Steps:
     def after_update(self, view: RunnerView, scheduler_output: Any) -> None:
         pass
 
-    def executed(self, view: RunnerView, scheduler_output: Any) -> None:
+    def after_forward(self, view: RunnerView, state: StepState, output: Any, received: Any) -> None:
         pass
 
-    def sample(self, view: RunnerView, fault_step: int, vllm_sample: Callable[[], Any]) -> Any:
-        return vllm_sample()
+    def before_sample(self, view: RunnerView, state: StepState) -> None:
+        pass
 
-    def sampled(self, output_token_ids: Any) -> None:
+    def sampled_tensor(self, output_token_ids: Any) -> None:
+        pass
+
+    def after_sample(self, view: RunnerView, state: StepState, output: Any) -> None:
         pass
 
     def shutdown(self) -> None:
         pass
+
+
+class Steps(Part):
+    """``OFF``: no part; vLLM's own PP broadcast of sampled tokens; the drafter shown."""
+
+    mode = Mode.OFF
+
+    def pp_broadcast(self, vllm_broadcast: Any, sampled_token_ids: Any) -> None:
+        vllm_broadcast(sampled_token_ids)
+
+    def drafter_scope(self, runner: Any) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+
+class ActiveSteps(Steps):
+    """A mode's steps on one rank: its parts' hooks, in order."""
+
+    def __init__(self, mode: Mode, parts: list[Part], hides_drafter: bool) -> None:
+        self.mode = mode
+        self.parts = tuple(parts)
+        self.hides_drafter = hides_drafter  # non-last ranks hold no drafter
+
+    def pp_broadcast(self, vllm_broadcast: Any, sampled_token_ids: Any) -> None:
+        pass  # the rounds (lanes) or the scheduler output (sync) carry them
+
+    def drafter_scope(self, runner: Any) -> contextlib.AbstractContextManager[None]:
+        return drafter_hidden(runner, self.hides_drafter)
+
+    def before_execute(self, view: RunnerView, state: StepState) -> None:
+        for part in self.parts:
+            part.before_execute(view, state)
+
+    def before_update(self, view: RunnerView, scheduler_output: Any) -> None:
+        for part in self.parts:
+            part.before_update(view, scheduler_output)
+
+    def after_update(self, view: RunnerView, scheduler_output: Any) -> None:
+        for part in self.parts:
+            part.after_update(view, scheduler_output)
+
+    def after_forward(self, view: RunnerView, state: StepState, output: Any, received: Any) -> None:
+        for part in self.parts:
+            part.after_forward(view, state, output, received)
+
+    def before_sample(self, view: RunnerView, state: StepState) -> None:
+        for part in self.parts:
+            part.before_sample(view, state)
+
+    def sampled_tensor(self, output_token_ids: Any) -> None:
+        for part in self.parts:
+            part.sampled_tensor(output_token_ids)
+
+    def after_sample(self, view: RunnerView, state: StepState, output: Any) -> None:
+        for part in self.parts:
+            part.after_sample(view, state, output)
+
+    def shutdown(self) -> None:
+        for part in self.parts:
+            part.shutdown()

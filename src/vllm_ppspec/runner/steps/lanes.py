@@ -1,41 +1,37 @@
-"""Post, receive and record the rounds of lanes mode (async scheduling with lanes).
+"""Send the rounds of lanes mode from the last rank; receive and use them on the others.
 
-Messages, one round per step that sampled (step ``s``), in step order
-(:mod:`vllm_ppspec.protocol.rounds`): every rank posts its side at the end of
-its ``sample_tokens(s)`` without waiting: the last rank sends the round to
-every other rank, each other rank posts its receive (``expect``). The last
-rank completes its sends at the start of ``execute_model(s + PP)``; PP rank
-``r`` < last completes its receive at the start of
-``execute_model(s + PP - r)``, when the round is due (the last stage finished
-step ``s`` as stage ``r`` starts step ``s + PP - r``), or earlier if a
-request of its step needs it. No rank waits for a round its step does not
-need; a round is sent the moment the last rank has it, and one that has
-arrived costs no wait.
+Lanes mode (async scheduling with lanes): one round per step that sampled,
+in step order (:mod:`vllm_ppspec.protocol.rounds`). :class:`LaneSender` (last
+rank) posts its round to every other rank at the end of its
+``sample_tokens(s)`` without waiting; :class:`LaneReceiver` (each other rank)
+posts its receive there. Both keep one queue entry per step, pre-seeded with
+empty entries as many steps as a round takes to come due, so that taking the
+oldest entry at the start of each ``execute_model`` finds the round that is
+due: the sender completes the sends of step ``s - PP``; PP rank ``r``
+receives the round of step ``s - (PP - r)`` (the last stage finished it as
+stage ``r`` starts step ``s``), and earlier ones if a request of its step
+needs them. A step that samples nothing queues an empty entry.
 
 Every rank then makes each step sync-shaped
 (:func:`vllm_ppspec.protocol.lane_book.make_sync_shaped`) before vLLM's
-``execute_model`` runs, and vLLM's runner runs its sync path, with sync
-mode's rebuilds (``sync.SyncSteps``).
-
-Hooks (``base.py``): all of them.
+``execute_model`` runs, and vLLM's runner runs its sync path.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_ppspec.policy import Mode
+from vllm.sequence import IntermediateTensors
+
 from vllm_ppspec.protocol import faults
 from vllm_ppspec.protocol.lane_book import LaneBook, make_sync_shaped
 from vllm_ppspec.protocol.rounds import PostedRound, RoundChannel
 from vllm_ppspec.runner.clocks import Clocks
-from vllm_ppspec.runner.health.rank_errors import MissingStashError
-from vllm_ppspec.runner.steps.base import Steps
+from vllm_ppspec.runner.health.rank_errors import MissingRowsError
+from vllm_ppspec.runner.steps.base import Part, StepState
 from vllm_ppspec.runner.steps.capture import SampledCapture
-from vllm_ppspec.runner.steps.sync import SyncSteps
 from vllm_ppspec.runner.view import RunnerView
 
 
@@ -47,117 +43,118 @@ class LaneRows:
     req_ids: list[str]
     discard: Any  # numpy bool [rows]: partial prefills, whose sample is dropped
     num_drafts: dict[str, int]
-    pending: PostedRound | None = None  # non-last ranks: this rank's side, posted
+    pending: PostedRound | None = None  # receivers: this rank's receive, posted
 
 
-class LaneSteps(Steps):
-    mode = Mode.LANES
+def rows_of(view: RunnerView, state: StepState) -> LaneRows:
+    """This step's rows, as the round's matrices order them."""
+    num_reqs = view.num_reqs
+    spec = state.scheduler_output.scheduled_spec_decode_tokens
+    return LaneRows(
+        step=state.index,
+        req_ids=list(view.input_batch.req_ids[:num_reqs]),
+        discard=view.discard_mask[:num_reqs].copy(),
+        num_drafts={r: len(t) for r, t in spec.items()},
+    )
 
-    def __init__(
-        self,
-        channel: RoundChannel,
-        pp_size: int,
-        pp_rank: int,
-        is_last: bool,
-        fault: faults.Faults,
-        clocks: Clocks,
-        rebuilds: SyncSteps,
-    ) -> None:
+
+class _Lanes(Part):
+    """The lane book both sides keep, and the step made sync-shaped."""
+
+    def __init__(self, channel: RoundChannel, clocks: Clocks, due_after: int) -> None:
         self.channel = channel
-        self.rebuilds = rebuilds  # sync mode's: each step is sync-shaped
-        self.capture = SampledCapture()
-        self.pp_size, self.pp_rank, self.is_last = pp_size, pp_rank, is_last
-        self.fault = fault
         self.clocks = clocks
         self.book = LaneBook()
-        self.step = 0  # execute_model calls, the same on every rank
-        self.scheduler_output: Any = None  # this step's
-        self.rows: LaneRows | None = None  # this step's rows (non-last: after its forward)
-        self.unreceived: deque[LaneRows] = deque()  # non-last ranks
-        self.posted: deque[tuple[int, PostedRound]] = deque()  # last rank
+        # One entry per step, oldest first; the first ``due_after`` are empty.
+        self.queue: deque[Any] = deque([None] * due_after)
 
-    def before_update(self, view: RunnerView, scheduler_output: Any) -> None:
-        self.rebuilds.before_update(view, scheduler_output)
-
-    def after_update(self, view: RunnerView, scheduler_output: Any) -> None:
-        self.rebuilds.after_update(view, scheduler_output)
-
-    def executed(self, view: RunnerView, scheduler_output: Any) -> None:
-        self.rows = self.rows_of(view, scheduler_output)
-
-    def sampled(self, output_token_ids: Any) -> None:
-        self.capture.seen(output_token_ids)
-
-    def prepare(self, view: RunnerView, scheduler_output: Any) -> None:
-        """Every rank, before vLLM's execute_model: the step made sync-shaped."""
-        step = self.step
-        self.step += 1
-        book = self.book
-        book.forget(scheduler_output.finished_req_ids)
+    def before_execute(self, view: RunnerView, state: StepState) -> None:
+        scheduler_output = state.scheduler_output
+        self.book.forget(scheduler_output.finished_req_ids)
 
         def prompt_len(req_id: str) -> int:
             return int(view.requests[req_id].num_prompt_tokens)
 
         with self.clocks.timing("wait_s"):
-            if self.is_last:
-                while self.posted and self.posted[0][0] <= step - self.pp_size:
-                    self.posted.popleft()[1].wait()
-            else:
-                due = step - (self.pp_size - self.pp_rank)
-                unreceived = self.unreceived
-                while unreceived and unreceived[0].step <= due:
-                    self._receive(unreceived.popleft())
-                while unreceived and book.missing(scheduler_output, prompt_len):
-                    self._receive(unreceived.popleft())
-        make_sync_shaped(scheduler_output, book, prompt_len)
-        book.scheduled(step, scheduler_output.num_scheduled_tokens)
-        self.rows = None
-        self.scheduler_output = scheduler_output
+            self.settle(self.queue.popleft(), scheduler_output, prompt_len)
+        make_sync_shaped(scheduler_output, self.book, prompt_len)
+        self.book.scheduled(state.index, scheduler_output.num_scheduled_tokens)
 
-    def rows_of(self, view: RunnerView, scheduler_output: Any) -> LaneRows:
-        """This step's rows, as the round's matrices will order them."""
-        num_reqs = view.num_reqs
-        return LaneRows(
-            step=self.step - 1,
-            req_ids=list(view.input_batch.req_ids[:num_reqs]),
-            discard=view.discard_mask[:num_reqs].copy(),
-            num_drafts={
-                r: len(t) for r, t in scheduler_output.scheduled_spec_decode_tokens.items()
-            },
-        )
+    def settle(self, entry: Any, scheduler_output: Any, prompt_len: Any) -> None:
+        raise NotImplementedError
 
-    def _receive(self, rows: LaneRows) -> None:
+    def record(self, rows: LaneRows, sampled: Any, drafts: Any) -> None:
+        self.book.record(rows.step, rows.req_ids, sampled, drafts, rows.discard, rows.num_drafts)
+
+
+class LaneSender(_Lanes):
+    """Last rank: each step's round posted to the other ranks, sends completed when due."""
+
+    def __init__(self, channel: RoundChannel, clocks: Clocks, pp_size: int) -> None:
+        super().__init__(channel, clocks, due_after=pp_size)
+        self.capture = SampledCapture()
+
+    def settle(self, entry: Any, scheduler_output: Any, prompt_len: Any) -> None:
+        if entry is not None:
+            entry.wait()
+
+    def after_forward(self, view: RunnerView, state: StepState, output: Any, received: Any) -> None:
+        if output is not None:  # vLLM returned its output: no sample_tokens this step
+            self.queue.append(None)
+
+    def before_sample(self, view: RunnerView, state: StepState) -> None:
+        self.capture.arm()
+
+    def sampled_tensor(self, output_token_ids: Any) -> None:
+        self.capture.seen(output_token_ids)
+
+    def after_sample(self, view: RunnerView, state: StepState, output: Any) -> None:
+        rows = rows_of(view, state)
+        posted = self.channel.post(view.num_reqs, self.capture.take(), view.drafts)
+        if posted.local is not None:
+            self.record(rows, posted.local.sampled, posted.local.drafts)
+        self.queue.append(posted)
+
+
+class LaneReceiver(_Lanes):
+    """Other ranks: each step's receive posted after its sample, the round used when due."""
+
+    def __init__(
+        self, channel: RoundChannel, clocks: Clocks, due_after: int, pp_rank: int, fault_at: int
+    ) -> None:
+        super().__init__(channel, clocks, due_after)
+        self.pp_rank = pp_rank
+        self.raise_in_round_at = fault_at  # tests (protocol/faults.py): 0 never
+
+    def settle(self, entry: Any, scheduler_output: Any, prompt_len: Any) -> None:
+        if entry is not None:
+            self.receive(entry)
+        # A request of this step needs a later round: receive the next ones
+        # early, leaving their entries empty (one entry per step stays).
+        queue, i = self.queue, 0
+        while i < len(queue) and self.book.missing(scheduler_output, prompt_len):
+            later, queue[i] = queue[i], None
+            if later is not None:
+                self.receive(later)
+            i += 1
+
+    def receive(self, rows: LaneRows) -> None:
         assert rows.pending is not None
         rnd = rows.pending.wait()
         self.clocks.received(rnd)
-        if self.fault.reached("raise_in_round", rows.step + 1):
+        if 0 < self.raise_in_round_at <= rows.step + 1:
             raise faults.InjectedFault(f"raise_in_round@{rows.step + 1} on a non-last rank")
-        self.book.record(
-            rows.step, rows.req_ids, rnd.sampled, rnd.drafts, rows.discard, rows.num_drafts
-        )
+        self.record(rows, rnd.sampled, rnd.drafts)
 
-    def sample(self, view: RunnerView, fault_step: int, vllm_sample: Callable[[], Any]) -> Any:
-        if not self.is_last:
-            output = vllm_sample()
-            rows, self.rows = self.rows, None
-            if self.fault.reached("drop_stash", fault_step):
-                rows = None
-            if rows is None:
-                raise MissingStashError.on_rank(self.pp_rank, "a step executed before it")
-            rows.pending = self.channel.expect(len(rows.req_ids))
-            self.unreceived.append(rows)
-            return output
-        output, sampled = self.capture.around(vllm_sample)
-        rows = self.rows_of(view, self.scheduler_output)
-        posted = self.channel.post(view.num_reqs, sampled, view.drafts)
-        if posted.local is not None:
-            self.book.record(
-                rows.step,
-                rows.req_ids,
-                posted.local.sampled,
-                posted.local.drafts,
-                rows.discard,
-                rows.num_drafts,
-            )
-        self.posted.append((rows.step, posted))
-        return output
+    def after_forward(self, view: RunnerView, state: StepState, output: Any, received: Any) -> None:
+        if isinstance(output, IntermediateTensors):
+            state.rows = rows_of(view, state)
+        else:  # vLLM returned its output: no sample_tokens this step
+            self.queue.append(None)
+
+    def after_sample(self, view: RunnerView, state: StepState, output: Any) -> None:
+        rows, state.rows = state.rows, None
+        if rows is None:
+            raise MissingRowsError.on_rank(self.pp_rank, "a step executed before it")
+        rows.pending = self.channel.expect(len(rows.req_ids))
+        self.queue.append(rows)
