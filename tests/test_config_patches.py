@@ -387,7 +387,7 @@ def test_a_method_the_plugin_does_not_run_is_refused_with_its_worker_under_pp_or
 
 
 # vLLM's explicit-async refusals other than PP: each version's own message, the
-# plugin's worker or not (on 0.33 only the PP refusal is lifted, patches/async_hold.py).
+# plugin's worker or not (on 0.33 only the PP refusal is lifted, patches/config/async_hold.py).
 ASYNC_REFUSALS = {
     "ngram": (
         "Async scheduling is not supported by the V1 model runner with ngram-based",

@@ -1,4 +1,4 @@
-"""The CPU worker runs vLLM's async spec-decode correction eagerly (patches/cpu_eager.py)."""
+"""The CPU worker runs vLLM's async spec-decode correction eagerly (patches/worker/cpu_eager.py)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def test_install_swaps_in_the_uncompiled_function_with_the_same_results(monkeypa
     import vllm.v1.worker.gpu_model_runner as runner_module
     from vllm.v1.spec_decode import utils
 
-    from vllm_ppspec.patches import cpu_eager as fix
+    from vllm_ppspec.patches.worker import cpu_eager as fix
 
     compiled = utils.update_num_computed_tokens_for_batch_change
     monkeypatch.setattr(runner_module, fix.NAME, compiled)
@@ -47,7 +47,7 @@ def test_the_comparison_switch_keeps_vllms_compiled_function(monkeypatch):
     import vllm.v1.worker.gpu_model_runner as runner_module
     from vllm.v1.spec_decode import utils
 
-    from vllm_ppspec.patches import cpu_eager as fix
+    from vllm_ppspec.patches.worker import cpu_eager as fix
 
     compiled = utils.update_num_computed_tokens_for_batch_change
     monkeypatch.setattr(runner_module, fix.NAME, compiled)

@@ -1,4 +1,4 @@
-"""The CPU expand kernel (patches/cpu_expand.py): vLLM 0.32's fallback leaves its
+"""The CPU expand kernel (patches/worker/cpu_expand.py): vLLM 0.32's fallback leaves its
 output unwritten; ours matches the Triton kernel, and a greedy row of a mixed
 greedy / temperature-1.0 speculative batch keeps its tokens."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vllm_ppspec.patches import cpu_expand as cpu_expand_fix
+from vllm_ppspec.patches.worker import cpu_expand as cpu_expand_fix
 
 
 def _reference(values: list, ends: list[int], replace_from, replace_to) -> list:

@@ -20,7 +20,7 @@ def _comm():
     import torch.distributed as dist
     from vllm.distributed.device_communicators.cpu_communicator import CpuCommunicator
 
-    from vllm_ppspec.patches import cpu_moe as cpu_moe_collectives
+    from vllm_ppspec.patches.worker import cpu_moe as cpu_moe_collectives
 
     cpu_moe_collectives.install()
     world = dist.group.WORLD

@@ -1,5 +1,5 @@
 """vLLM's ngram proposer leaves a CPU worker's OpenMP thread count alone once
-the plugin's worker installed patches/cpu_ngram_threads.py (and changes it
+the plugin's worker installed patches/worker/cpu_ngram_threads.py (and changes it
 without: the slowdown the patch exists for)."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from types import SimpleNamespace
 import numpy as np, torch
 torch.set_num_threads(1)
 if sys.argv[1] == "installed":
-    from vllm_ppspec.patches import cpu_ngram_threads
+    from vllm_ppspec.patches.worker import cpu_ngram_threads
     cpu_ngram_threads.install()
 from vllm.v1.spec_decode.ngram_proposer import NgramProposer
 config = SimpleNamespace(

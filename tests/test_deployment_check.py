@@ -1,4 +1,4 @@
-"""Every rank of a deployment serves the same way (``patches/deployment_check.py``):
+"""Every rank of a deployment serves the same way (``patches/config/deployment_check.py``):
 ranks (hosts, DP replicas) that decided differently who serves are refused on
 every rank within seconds, naming the decision and the setting that differ; the
 same decision from different settings agrees; vLLM's release is compared
@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 from tests.distributed import run_ranks
 from vllm_ppspec import WORKER_QUALNAME
-from vllm_ppspec.patches.deployment_check import DeploymentMismatchError, check, verdict
+from vllm_ppspec.patches.config.deployment_check import DeploymentMismatchError, check, verdict
 
 CPU_WORKER = "vllm.v1.worker.cpu_worker.CPUWorker"
 
@@ -87,7 +87,7 @@ def test_the_release_is_compared_without_its_local_label(monkeypatch):
     the deployment check and in the runner's start-up fingerprint."""
     import vllm
 
-    from vllm_ppspec.patches.deployment_check import decision_of
+    from vllm_ppspec.patches.config.deployment_check import decision_of
     from vllm_ppspec.runner.health.startup_check import fingerprint
 
     monkeypatch.setattr(vllm, "__version__", "0.32.0+cu128")

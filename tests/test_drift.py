@@ -45,7 +45,7 @@ def test_installed_sources_have_no_drift_and_source_hashes_match_the_pins():
     assert report.drift == [], "\n".join(report.lines)
     present = [line for line in report.lines if line.startswith("  present ")]
     runtime = [line for line in report.lines if line.startswith("  run time only ")]
-    assert len(present) + len(runtime) == len(version_data.PRIVATE_NAMES)
+    assert len(present) + len(runtime) == len(version_guard.PRIVATE_NAMES)
     assert len(runtime) == 1, runtime  # torch.compile's _torchdynamo_orig_callable
     sources = drift.Sources.of_dir(_installed_root())
     for module, qualname, pins, _ in version_data.MIRRORED_FUNCTIONS:

@@ -4,7 +4,7 @@ The target is the tiny Mixtral ``moe`` (testing.tiny_models): at DP > 1 its MoE
 layers gather every DP rank's tokens (``all_gatherv``) and reduce-scatter the
 expert outputs (``reduce_scatterv``) in every forward, so DP ranks run in
 lockstep, idle ones with dummy batches (the plugin supplies both collectives on
-CPU: patches/cpu_moe.py). Offline ``LLM`` refuses DP, so each shape is one
+CPU: patches/worker/cpu_moe.py). Offline ``LLM`` refuses DP, so each shape is one
 ``vllm serve --data-parallel-size 2`` with the plugin's worker, shared by every
 scenario below; requests are pinned to a DP rank with vLLM's
 ``X-data-parallel-rank`` header:
@@ -227,7 +227,7 @@ def test_dp_spec_scenarios_match_dp1_without_spec(
         "--speculative-config",
         json.dumps(tiny_spec(models, method, K, max_model_len=DRAFTER_MAX_LEN)[1]),
         # No --worker-cls: the plain line, where --worker-cls auto selects the
-        # plugin's worker for DP + spec at PP=1 too (patches/worker_choice.py).
+        # plugin's worker for DP + spec at PP=1 too (worker_choice.py).
         "--async-scheduling" if async_sched else "--no-async-scheduling",
     ]
     t0 = time.monotonic()

@@ -260,7 +260,7 @@ def moe_sampled(models):
 
     At PP=1 the plugin's runner stays out (policy.Mode.OFF): vLLM's own
     sampling, with the CPU worker's fix of vLLM's expand fallback
-    (patches/cpu_expand.py). vLLM's own worker cannot be the reference here:
+    (patches/worker/cpu_expand.py). vLLM's own worker cannot be the reference here:
     its CPU rejection sampler reads unwritten top-k values (measured: PP=1 +
     draft_model with these requests, "index 1877009520 is out of bounds for
     dimension 1 with size 512" in apply_top_k_top_p). PP=1 runs sync: with
@@ -356,7 +356,7 @@ def test_pp2_spec_without_worker_cls_selects_the_plugin_and_matches_pp1(
     """No ``worker_cls`` at all (vLLM's ``auto``): the plugin's hook selects its
     worker, says so once, and the tokens are PP=1's. The engine core running
     the plugin's scheduler (here the job's process) installed the cancellable
-    remote read (patches/remote_reads.py: ``install()`` from its post_step);
+    remote read (patches/engine_core/remote_reads.py: ``install()`` from its post_step);
     one running vLLM's own scheduler (PP=1, vLLM's worker) left vLLM's alone."""
     from vllm_ppspec.patches.config import AUTO_NOTICE
 

@@ -196,7 +196,7 @@ def _node_of(module: str) -> str | None:
 
 def folder_graph() -> dict[str, dict[str, list[str]]]:
     """node -> node it imports -> the imports that make the arrow
-    ("runner/platform/cpu_worker.py: vllm_ppspec.patches.cpu_moe")."""
+    ("workers/cpu.py: vllm_ppspec.patches.install_group")."""
     graph: dict[str, dict[str, list[str]]] = {}
     for name, path in _modules(PLUGIN).items():
         source = _node_of(name)
@@ -260,6 +260,9 @@ def test_each_subfolder_is_a_node():
     assert _node_of("vllm_ppspec.runner.mixin.PPSpecRunnerMixin") == "runner/mixin.py"
     assert _node_of("vllm_ppspec.runner") == "runner/__init__.py"
     assert _node_of("vllm_ppspec.sched.lanes") == "sched/"
+    assert _node_of("vllm_ppspec.patches.config.stop_grace") == "patches/config/"
+    assert _node_of("vllm_ppspec.patches.REGISTRY") == "patches/__init__.py"
+    assert _node_of("vllm_ppspec.workers.cpu") == "workers/"
     assert _node_of("vllm_ppspec.policy.Mode") == "policy.py"
     assert _node_of("vllm_ppspec.WORKER_QUALNAME") == "__init__.py"
     assert _node_of("vllm_ppspec") == "__init__.py"
@@ -272,8 +275,10 @@ def test_the_plugin_folders_have_no_import_loop():
     arrow points up: the message names every arrow inside each loop and the
     imports that make it."""
     graph = folder_graph()
-    assert {"patches/", "protocol/", "sched/", "runner/mixin.py", "runner/view.py"} <= set(graph)
-    assert {f"runner/{f}/" for f in ("steps", "drafter", "health", "platform")} <= set(graph)
+    assert {"protocol/", "sched/", "workers/", "runner/mixin.py", "runner/view.py"} <= set(graph)
+    assert {f"runner/{f}/" for f in ("steps", "drafter", "health")} <= set(graph)
+    assert {f"patches/{f}/" for f in ("config", "engine_core", "worker")} <= set(graph)
+    assert {"patches/__init__.py", "patches/install_state.py"} <= set(graph)
     found = cycles(graph)
     report = []
     for component in found:
@@ -287,9 +292,21 @@ def test_the_plugin_folders_have_no_import_loop():
 # The plugin's layers, lowest first: a module imports only from its own layer
 # or a lower one (design.md, "Layout"). Every node is in one (by prefix).
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("pure", ("__init__.py", "policy.py", "version_guard.py", "version_data.py", "protocol/")),
-    ("patches", ("patches/",)),
-    ("engine core and workers", ("sched/", "runner/")),
+    (
+        "pure",
+        (
+            "__init__.py",
+            "policy.py",
+            "worker_choice.py",
+            "version_guard.py",
+            "version_data.py",
+            "protocol/",
+            "patches/__init__.py",  # the walk installing a group
+            "patches/registry.py",  # the registry's data
+        ),
+    ),
+    ("patches", ("patches/config/", "patches/engine_core/", "patches/worker/", "patches/install_")),
+    ("engine core and workers", ("sched/", "runner/", "workers/")),
     ("entry points", ("plugin.py", "worker.py", "scheduler.py")),
 )
 

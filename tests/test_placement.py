@@ -134,20 +134,21 @@ def test_under_ray_the_address_is_ray_s_node_ip_not_get_ip_s(monkeypatch):
 def test_the_remote_read_patch_is_installed_whatever_nnodes_says(monkeypatch):
     """An engine core running a plugin scheduler installs it at its first
     post_step, with ``nnodes == 1`` too: it changes only readers vLLM made
-    remote (``patches/remote_reads.py``); with vLLM's own scheduler it does not."""
+    remote (``patches/engine_core/remote_reads.py``); with vLLM's own scheduler it does not."""
     from types import SimpleNamespace
 
     from vllm.distributed.device_communicators.shm_broadcast import MessageQueue
     from vllm.v1.engine.core import EngineCore
 
-    from vllm_ppspec.patches import remote_reads
+    from vllm_ppspec import patches
+    from vllm_ppspec.patches.engine_core import remote_reads
     from vllm_ppspec.plugin import register
     from vllm_ppspec.policy import Mode
 
     register()
     original = getattr(MessageQueue.dequeue, "__wrapped__", MessageQueue.dequeue)
     monkeypatch.setattr(MessageQueue, "dequeue", original)
-    monkeypatch.setattr(remote_reads, "installed", False)
+    monkeypatch.setattr(patches, "installed_groups", set())
     engine = SimpleNamespace(
         scheduler=SimpleNamespace(),  # vLLM's own scheduler
         vllm_config=SimpleNamespace(parallel_config=SimpleNamespace(nnodes=1)),

@@ -1,5 +1,5 @@
 """A remote message-queue read ends when its queue is shut down
-(``patches/remote_reads.py``), and otherwise reads as vLLM's own does."""
+(``patches/engine_core/remote_reads.py``), and otherwise reads as vLLM's own does."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import zmq
 
-from vllm_ppspec.patches.remote_reads import cancellable
+from vllm_ppspec.patches.engine_core.remote_reads import cancellable
 
 
 def _reader():

@@ -20,7 +20,7 @@ CAPACITY = 8  # max_num_seqs of the stub runners
 
 
 def _stub_runner(rank: int, world: int, spec: bool, num_reqs: int):
-    from vllm_ppspec.runner.platform.cpu import PPSpecCPUModelRunner
+    from vllm_ppspec.runner.cpu_runner import PPSpecCPUModelRunner
 
     runner = object.__new__(PPSpecCPUModelRunner)
     runner.speculative_config = SimpleNamespace(method="draft_model") if spec else None

@@ -1,6 +1,6 @@
 """A stop at vLLM's default ``--shutdown-timeout 0`` of a pipeline across nodes
 gives the engine core a window to stop its workers in order
-(``patches/stop_grace.py``); everywhere else vLLM's window stands.
+(``patches/config/stop_grace.py``); everywhere else vLLM's window stands.
 
 Configs are real ``VllmConfig`` objects through ``EngineArgs`` (no engine);
 the window is read through vLLM's own ``get_engine_process_shutdown_timeout``,
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_ppspec.patches import stop_grace
+from vllm_ppspec.patches.config import stop_grace
 from vllm_ppspec.plugin import register
 
 register()

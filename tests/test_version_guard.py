@@ -67,14 +67,24 @@ def test_other_versions_are_refused_with_the_supported_ones_named():
 
 def test_missing_private_name_is_reported(monkeypatch):
     monkeypatch.setattr(
-        version_data,
+        version_guard,
         "PRIVATE_NAMES",
-        version_data.PRIVATE_NAMES
+        version_guard.PRIVATE_NAMES
         + (("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._no_such_method"),),
     )
     with pytest.raises(VLLMVersionError) as e:
         check_vllm()
     assert "GPUModelRunner._no_such_method" in str(e.value)
+
+
+def test_the_patched_names_are_the_registrys_targets():
+    """PRIVATE_NAMES: the used names (version_data) and every registry target, none by hand."""
+    from vllm_ppspec.patches import REGISTRY
+
+    targets = {tuple(t.split(":")) for p in REGISTRY for t in p.targets}
+    assert targets <= set(version_guard.PRIVATE_NAMES)
+    assert not targets & set(version_data.UNPATCHED_NAMES)
+    assert set(version_guard.PRIVATE_NAMES) == targets | set(version_data.UNPATCHED_NAMES)
 
 
 def test_importing_the_worker_under_another_version_fails_with_the_message():
@@ -133,7 +143,7 @@ def _copy_source(where: str) -> str:
 def test_every_copy_of_upstream_logic_is_pinned_and_names_its_upstream_function():
     pinned = {where.split(" ")[0] for _, _, _, where in version_data.MIRRORED_FUNCTIONS}
     for copy in (
-        "patches.async_hold:v1_async_refusal_besides_pp",
+        "patches.config.async_hold:v1_async_refusal_besides_pp",
         "runner.steps.sync:restore_output_tokens",
     ):
         assert copy in pinned, copy

@@ -1,4 +1,4 @@
-"""Who serves PP + speculative decoding (``patches/worker_choice.py``), cell by
+"""Who serves PP + speculative decoding (``worker_choice.py``), cell by
 cell of docs/support.md's table, and through vLLM's real config path.
 
 The CPU platform has no Triton, so vLLM runs its V1 runner here; CUDA's
@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 
 from vllm_ppspec import WORKER_QUALNAME
-from vllm_ppspec.patches.worker_choice import Choice, Facts, auto_setting, decide
 from vllm_ppspec.plugin import register
+from vllm_ppspec.worker_choice import Choice, Facts, auto_setting, decide
 from vllm_ppspec_tools.fixtures.spec_configs import tiny_spec
 
 register()
@@ -275,7 +275,7 @@ def test_watermarking_and_hisparse_are_left_to_vllms_v2(models, triton):
     (the V1 runner would silently drop the feature)."""
     from vllm.config.attention import HiSparseConfig
 
-    from vllm_ppspec.patches.worker_choice import facts_of
+    from vllm_ppspec.worker_choice import facts_of
 
     triton(False)
     target, spec = tiny_spec(models, "draft_copy", 3)

@@ -30,7 +30,7 @@ def test_a_worker_reports_its_runners_clocks_and_nothing_without_them():
 
 
 def test_both_plugin_workers_have_it():
-    from vllm_ppspec.runner.platform.cpu_worker import PPSpecCPUWorker
-    from vllm_ppspec.runner.platform.gpu_worker import PPSpecGPUWorker
+    from vllm_ppspec.workers.cpu import PPSpecCPUWorker
+    from vllm_ppspec.workers.gpu import PPSpecGPUWorker
 
     assert issubclass(PPSpecCPUWorker, WorkerClocks) and issubclass(PPSpecGPUWorker, WorkerClocks)

@@ -45,9 +45,14 @@ def register() -> None:
     saved: list[tuple[Any, str, Any]] = []
     try:
         saved = _patched_attributes()
-        from vllm_ppspec.patches.config import install
+        from vllm_ppspec.patches import install_group
+        from vllm_ppspec.patches.config import installed, mark_installed
 
-        install()
+        # Plugins may be loaded repeatedly: each install returns at once when
+        # the whole group is in (installed()).
+        install_group("config")
+        if not installed():
+            mark_installed()
     except Exception as e:  # any failure: vLLM goes on without the plugin
         _restore(saved)
         install_state.failure = f"{type(e).__name__}: {e}"

@@ -1,8 +1,9 @@
 """Hold the data the version check and the drift tool read, per supported vLLM release.
 
 The supported releases (the first is the reference), every vLLM private name
-the plugin relies on (:data:`PRIVATE_NAMES`, one list, present in every
-supported release), the hash of every mirrored upstream function
+the plugin relies on besides the ones it patches (:data:`UNPATCHED_NAMES`,
+present in every supported release; the patched ones are the registry's
+targets), the hash of every mirrored upstream function
 (:data:`MIRRORED_FUNCTIONS`, one pin per release) and the drift from the
 reference release that has been read and handled (:data:`EXPLAINED_DRIFT`).
 :mod:`vllm_ppspec.version_guard` checks the installed vLLM against them;
@@ -19,11 +20,13 @@ from __future__ import annotations
 SUPPORTED_VLLM_VERSIONS: tuple[str, ...] = ("0.32.0", "0.33.0")
 REFERENCE_VLLM_VERSION = SUPPORTED_VLLM_VERSIONS[0]
 
-# (module, attribute path) for every vLLM private name used by vllm-ppspec.
+# (module, attribute path) for every vLLM private name used by vllm-ppspec
+# besides the names it patches: those are the targets of
+# vllm_ppspec.patches.REGISTRY, and version_guard.PRIVATE_NAMES is both.
 # Runner instance attributes read or set by the mixin (input_batch fields,
 # discard_request_mask, num_accepted_tokens, _draft_token_ids, ...) cannot be
 # checked without building a runner; the end-to-end tests cover them.
-PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
+UNPATCHED_NAMES: tuple[tuple[str, str], ...] = (
     # Runner methods overridden or called by the mixin (runner/mixin.py).
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.execute_model"),
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.sample_tokens"),
@@ -41,8 +44,7 @@ PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._model_forward"),
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._setup_eagle3_aux_hidden_state_outputs"),
     ("vllm.v1.worker.cpu_model_runner", "CPUModelRunner"),
-    # The async spec-decode correction, run eagerly on CPU (patches/cpu_eager.py).
-    ("vllm.v1.worker.gpu_model_runner", "update_num_computed_tokens_for_batch_change"),
+    # The async spec-decode correction's uncompiled body (patches/worker/cpu_eager.py).
     (
         "vllm.v1.spec_decode.utils",
         "update_num_computed_tokens_for_batch_change._torchdynamo_orig_callable",
@@ -61,33 +63,18 @@ PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
         "vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils",
         "verify_supports_aux_hidden_states_over_pp",
     ),
-    # Drafter methods run under a single-stage PP view on the last rank.
-    ("vllm.v1.spec_decode.llm_base_proposer", "SpecDecodeBaseProposer._get_model"),
-    (
-        "vllm.v1.spec_decode.llm_base_proposer",
-        "SpecDecodeBaseProposer._create_draft_vllm_config",
-    ),
-    ("vllm.v1.spec_decode.llm_base_proposer", "SpecDecodeBaseProposer.propose"),
-    ("vllm.v1.spec_decode.llm_base_proposer", "SpecDecodeBaseProposer.dummy_run"),
     # vLLM's embedding-sharing decision, replayed under PP (runner/drafter/embedding_share.py).
     ("vllm.v1.spec_decode.llm_base_proposer", "SpecDecodeBaseProposer._maybe_share_embeddings"),
     ("vllm.v1.spec_decode.draft_model", "DraftModelProposer._maybe_share_embeddings"),
-    # DP agreement (protocol/dp_agreement.py): wrapped on the drafter instance at DP > 1.
-    (
-        "vllm.v1.spec_decode.llm_base_proposer",
-        "SpecDecodeBaseProposer._determine_batch_execution_and_padding",
-    ),
+    # The drafter's class (its instance's methods wrapped: runner/drafter/).
     ("vllm.v1.spec_decode.llm_base_proposer", "SpecDecodeBaseProposer"),
-    # The PP group global swapped while the drafter runs.
-    ("vllm.distributed.parallel_state", "_PP"),
     # The envs cache dropped while VLLM_PP_LAYER_PARTITION is hidden from the
     # drafter's build (drafter.scope.target_partition_hidden).
     ("vllm.envs", "_is_envs_cache_enabled"),
     # Workers: how each platform's worker builds its runner.
     ("vllm.v1.worker.gpu_worker", "Worker._make_model_runner"),
     ("vllm.v1.worker.cpu_worker", "CPUWorker.init_device"),
-    ("vllm.v1.worker.cpu_worker", "CPUModelRunner"),
-    # patches/cpu_moe.py sets these two on CpuCommunicator (which inherits
+    # patches/worker/cpu_moe.py sets these two on CpuCommunicator (which inherits
     # the base class's NotImplementedError ones); the MoE all2all manager calls them.
     ("vllm.distributed.device_communicators.cpu_communicator", "CpuCommunicator"),
     (
@@ -98,16 +85,7 @@ PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
         "vllm.distributed.device_communicators.base_device_communicator",
         "DeviceCommunicatorBase.reduce_scatterv",
     ),
-    # Config checks that the plugin relaxes when its worker is selected.
-    ("vllm.config.vllm", "VllmConfig._get_v1_model_runner_unsupported_features"),
-    ("vllm.config.vllm", "VllmConfig.use_v2_model_runner"),
-    ("vllm.config.vllm", "VllmConfig.max_concurrent_batches"),
-    ("vllm.platforms.cpu", "CpuPlatform.check_and_update_config"),
-    ("vllm.config.vllm", "VllmConfig.__post_init__"),
-    # patches/stop_grace.py: the engine core's stop window at --shutdown-timeout 0.
-    ("vllm.v1.engine.utils", "get_engine_process_shutdown_timeout"),
     # Engine and scheduler: drafts delivered with each batch's output.
-    ("vllm.v1.engine.core", "EngineCore.post_step"),
     ("vllm.v1.core.sched.scheduler", "Scheduler.update_from_output"),
     ("vllm.v1.core.sched.scheduler", "Scheduler.update_draft_token_ids"),
     ("vllm.v1.core.sched.scheduler", "Scheduler.schedule"),
@@ -118,8 +96,7 @@ PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
     ("vllm.v1.core.sched.async_scheduler", "AsyncScheduler._update_after_schedule"),
     # Where the PP ranks are (runner/health/placement.py).
     ("vllm.distributed.parallel_state", "in_the_same_node_as"),
-    # Across hosts: a remote reply's read ends on shutdown (patches/remote_reads.py).
-    ("vllm.distributed.device_communicators.shm_broadcast", "MessageQueue.dequeue"),
+    # Across hosts: what a remote reply's cancellable read calls (patches/engine_core/).
     ("vllm.distributed.device_communicators.shm_broadcast", "MessageQueue.recv"),
     ("vllm.distributed.device_communicators.shm_broadcast", "MessageQueue.shutdown"),
 )
@@ -177,19 +154,20 @@ MIRRORED_FUNCTIONS: tuple[tuple[str, str, dict[str, str], str], ...] = (
         "vllm.distributed.device_communicators.shm_broadcast",
         "MessageQueue.dequeue",
         {"0.32.0": "0c051f15c0ccfd8f", "0.33.0": "0c051f15c0ccfd8f"},
-        "patches.remote_reads:cancellable (its remote-reader branch, made cancellable)",
+        "patches.engine_core.remote_reads:cancellable (its remote-reader branch, made cancellable)",
     ),
     (
         "vllm.utils.cpu_triton_utils",
         "_expand_kernel_impl",
         {"0.32.0": "b0d7df291932f1c3", "0.33.0": "b0d7df291932f1c3"},
-        "patches.cpu_expand:expand_kernel (replaces it; drop it once upstream's writes its output)",
+        "patches.worker.cpu_expand:expand_kernel (replaces it; drop it once upstream's "
+        "writes its output)",
     ),
     (
         "vllm.config.vllm",
         "VllmConfig.__post_init__",
         {"0.32.0": "cf6216ccbd53cf09", "0.33.0": "91abd22091da6c46"},
-        "patches.async_hold:v1_async_refusal_besides_pp (0.33's explicit-async refusals "
+        "patches.config.async_hold:v1_async_refusal_besides_pp (0.33's explicit-async refusals "
         "but the PP one; used on 0.33 only)",
     ),
 )
@@ -235,13 +213,13 @@ EXPLAINED_DRIFT: dict[str, dict[str, str]] = {
         ),
         "vllm.distributed.parallel_state:initialize_model_parallel": (
             "DeepseekV41's engram DP group may span the whole DP group and then reuses it; "
-            "patches.deployment_check's wrapper calls it unchanged and gathers on the world "
+            "patches.config.deployment_check's wrapper calls it unchanged and gathers on the world "
             "group only after it returned"
         ),
         "vllm.v1.engine.utils:get_engine_process_shutdown_timeout": (
             "an explicitly set VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS now gives the window on "
-            "every platform: patches.stop_grace keeps any window vLLM gives and adds its own "
-            "(that variable's value) only where vLLM's is still 0"
+            "every platform: patches.config.stop_grace keeps any window vLLM gives and adds "
+            "its own (that variable's value) only where vLLM's is still 0"
         ),
         "vllm.v1.worker.gpu_worker:Worker.init_device": (
             "the local GPU index now comes from parallel_config.get_local_gpu_index, and "
@@ -251,8 +229,8 @@ EXPLAINED_DRIFT: dict[str, dict[str, str]] = {
         ),
         "vllm.config.vllm:VllmConfig.__post_init__": (
             "an explicit --async-scheduling with PP > 1 on the V1 runner now raises here, "
-            "before the platform hook: patches.async_hold lifts that refusal alone, for PP + "
-            "spec with the plugin's worker (0.33 only); its other explicit-async refusals "
+            "before the platform hook: patches.config.async_hold lifts that refusal alone, for "
+            "PP + spec with the plugin's worker (0.33 only); its other explicit-async refusals "
             "(ngram, disable_padded_drafter_batch) stay vLLM's"
         ),
         "vllm.config.vllm:VllmConfig._get_v1_model_runner_unsupported_features": (

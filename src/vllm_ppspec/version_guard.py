@@ -3,7 +3,9 @@
 vllm-ppspec subclasses vLLM's V1 model runner and overrides or calls methods
 that are not public API. Importing the runner or worker modules runs
 :func:`check_vllm`, which refuses any vLLM version but the supported ones and
-reports every private name that is missing. The names, the hash pins of the
+reports every private name that is missing (:data:`PRIVATE_NAMES`: the
+names it uses, from :mod:`vllm_ppspec.version_data`, and the names it patches,
+the targets of :data:`vllm_ppspec.patches.REGISTRY`). The hash pins of the
 copied upstream functions and the explained drift are data, in
 :mod:`vllm_ppspec.version_data`.
 """
@@ -13,7 +15,14 @@ from __future__ import annotations
 import importlib
 
 from vllm_ppspec import version_data
+from vllm_ppspec.patches import PATCHED_PRIVATE_NAMES
 from vllm_ppspec.version_data import REFERENCE_VLLM_VERSION, SUPPORTED_VLLM_VERSIONS
+
+# Every vLLM private name the plugin relies on, as (module, attribute path):
+# those it uses, and those it patches (derived from the registry's targets).
+PRIVATE_NAMES: tuple[tuple[str, str], ...] = tuple(
+    dict.fromkeys(version_data.UNPATCHED_NAMES + PATCHED_PRIVATE_NAMES)
+)
 
 
 def source_hash(module_name: str, qualname: str) -> str:
@@ -78,7 +87,7 @@ def vllm_at_least(version: str) -> bool:
 def missing_names() -> list[str]:
     """Return ``module:attr`` for every listed private name that does not resolve."""
     missing = []
-    for module_name, attr_path in version_data.PRIVATE_NAMES:
+    for module_name, attr_path in PRIVATE_NAMES:
         try:
             obj: object = importlib.import_module(module_name)
         except ImportError:
@@ -110,7 +119,7 @@ def check_version(version: str | None = None) -> None:
 
 
 def check_vllm(version: str | None = None) -> None:
-    """Check the version and that every private name in ``version_data.PRIVATE_NAMES`` exists."""
+    """Check the version and that every private name in :data:`PRIVATE_NAMES` exists."""
     check_version(version)
     missing = missing_names()
     if missing:

@@ -13,8 +13,8 @@ check_vllm()
 from vllm.platforms import current_platform  # noqa: E402
 
 if current_platform.is_cpu():
-    from vllm_ppspec.runner.platform.cpu_worker import PPSpecCPUWorker as PPSpecWorker
+    from vllm_ppspec.workers.cpu import PPSpecCPUWorker as PPSpecWorker
 else:
-    from vllm_ppspec.runner.platform.gpu_worker import PPSpecGPUWorker as PPSpecWorker  # type: ignore[assignment]
+    from vllm_ppspec.workers.gpu import PPSpecGPUWorker as PPSpecWorker  # type: ignore[assignment]
 
 __all__ = ["PPSpecWorker"]

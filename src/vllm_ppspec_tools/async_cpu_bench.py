@@ -15,7 +15,7 @@ per PP size:
 * ``async, compiled``: vLLM's ``update_num_computed_tokens_for_batch_change``
   as vLLM ships it, compiled by inductor on first use
   (``VLLM_PPSPEC_CPU_COMPILED_CORRECTION=1``);
-* ``async, eager``: the plugin's default on CPU (patches/cpu_eager.py).
+* ``async, eager``: the plugin's default on CPU (patches/worker/cpu_eager.py).
 
 Prints the generate time (min / median), the ratio of each async run to sync,
 and checks that all outputs are identical. Writes ``async-cpu.json`` to ``--out``.
@@ -30,7 +30,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from vllm_ppspec.patches.cpu_eager import KEEP_COMPILED_ENV
+from vllm_ppspec.patches.worker.cpu_eager import KEEP_COMPILED_ENV
 from vllm_ppspec_tools import paths
 from vllm_ppspec_tools.fixtures.jobs import run_job
 

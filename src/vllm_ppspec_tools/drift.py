@@ -9,7 +9,8 @@ Downloads the ``vllm==VERSION`` wheel without its dependencies (``pip download
 ``--source`` tree, and reports, against the vLLM installed here (which must be
 the reference version, ``version_data.REFERENCE_VLLM_VERSION``):
 
-* every private name in ``version_data.PRIVATE_NAMES``: present or missing;
+* every private name in ``version_guard.PRIVATE_NAMES`` (version_data's used names
+  and the patch registry's targets): present or missing;
 * every mirrored function in ``version_data.MIRRORED_FUNCTIONS``: the source
   hash pinned for VERSION (the reference's pin for a release not supported),
   or changed, with the diff;
@@ -187,12 +188,12 @@ def short_hash(source: str) -> str:
 def overridden() -> Iterator[tuple[str, str, str]]:
     """(module, qualname, installed source) of every upstream method that the
     plugin's runner, worker and scheduler classes override."""
+    from vllm_ppspec.runner.cpu_runner import PPSpecCPUModelRunner
     from vllm_ppspec.runner.mixin import PPSpecGPUModelRunner
-    from vllm_ppspec.runner.platform.cpu import PPSpecCPUModelRunner
-    from vllm_ppspec.runner.platform.cpu_worker import PPSpecCPUWorker
-    from vllm_ppspec.runner.platform.gpu_worker import PPSpecGPUWorker
     from vllm_ppspec.sched.filled import PPSpecScheduler
     from vllm_ppspec.sched.lanes import PPSpecLaneScheduler
+    from vllm_ppspec.workers.cpu import PPSpecCPUWorker
+    from vllm_ppspec.workers.gpu import PPSpecGPUWorker
 
     seen: set[tuple[str, str]] = set()
     for cls in (
@@ -276,8 +277,8 @@ def check(sources: Sources, version: str) -> Report:
         )
     report = Report(version, dict(data.EXPLAINED_DRIFT.get(version, {})))
 
-    report.lines.append(f"private names ({len(data.PRIVATE_NAMES)}):")
-    for module, path in data.PRIVATE_NAMES:
+    report.lines.append(f"private names ({len(guard.PRIVATE_NAMES)}):")
+    for module, path in guard.PRIVATE_NAMES:
         found = find(sources, module, path)
         key = f"{module}:{path}"
         if found.missing:

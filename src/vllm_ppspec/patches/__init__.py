@@ -1,292 +1,44 @@
-"""List every change the plugin makes to vLLM outside its own classes, in one registry.
+"""List every change the plugin makes to vLLM outside its own classes, and install them by group.
 
-Four places, by when they apply:
+Four groups, by the process and the moment they apply (``Patch.when``), each
+installed by one call of :func:`install_group` from the one place it applies:
 
 * ``config``: in every vLLM process (API server, engine core, workers), from
   the general-plugin hook (:func:`vllm_ppspec.plugin.register`) before any
   config is built. Each wrapper calls vLLM's function unchanged unless the
   plugin's worker is selected.
-* ``worker``: inside the plugin's worker (CPU; ``orderly_stop``'s on CPU
-  and GPU), at ``init_device``, before the runner and the distributed groups
-  are built. vLLM's own worker never gets them.
-* ``engine core``: in the engine core process, when it builds one of the
-  plugin's schedulers (PP + spec with the plugin's worker).
+* ``engine core``: in the engine core process, at the first ``post_step`` of
+  an engine core running one of the plugin's schedulers (PP + spec with the
+  plugin's worker): ``patches.config``'s ``post_step`` wrapper.
+* ``worker``: inside the plugin's worker (CPU and GPU), at ``init_device``,
+  before vLLM's (the runner and the distributed groups not built yet), or
+  after it (``after_init``: the worker's threads bound). Entries with
+  ``cpu_only`` only in the CPU worker. vLLM's own worker never gets them.
 * ``runner``: inside the plugin's runner, on one object (a drafter instance:
-  its class is untouched) or for the length of one call (a module global put
-  back after it).
+  its class is untouched; a runner output) or for the length of one call (a
+  module global put back after it). These need the object: ``install`` is
+  None and ``how`` names the call that applies each (with its arguments).
 
 The plugin's own subclasses (worker, runner, schedulers) are not patches: they
 are selected by name (``--worker-cls``, and the config patch that sets the
 scheduler class). :data:`PATCHED_NAMES`, the wrapped config names that the
 plugin hook undoes on a failed install and the drift tool reads release to
-release, is derived from it. ``tests/test_patches_registry.py`` checks each
-entry against vLLM and the modules that install it.
+release, and :data:`PATCHED_PRIVATE_NAMES`, the targets the version check
+finds in vLLM (``version_guard.PRIVATE_NAMES``), are derived from it.
+The entries are in :mod:`.registry`. ``tests/test_patches_registry.py``
+checks each entry against vLLM and the modules that install it, and scans
+the plugin's code for changes to vLLM objects that no entry lists. No vLLM
+import: :func:`install_group` imports each entry's module when it installs it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import importlib
+from typing import Any
 
-from vllm_ppspec.version_guard import SUPPORTED_VLLM_VERSIONS
+from vllm_ppspec.patches.registry import REGISTRY, Patch
 
-
-@dataclass(frozen=True)
-class Patch:
-    module: str  # the plugin module that installs it
-    when: str  # "config" (every vLLM process), "worker" (the plugin's CPU worker),
-    # "engine core" (with the plugin's scheduler), "runner" (one object or one call)
-    targets: tuple[str, ...]  # vLLM names replaced or wrapped, "module:qualname"
-    why: str
-    how: str
-    upstream: str  # the vLLM issue or PR behind it, or "none found" and the source
-    remove_when: str
-    versions: tuple[str, ...] = SUPPORTED_VLLM_VERSIONS  # the vLLM releases that need it
-
-
-REGISTRY: tuple[Patch, ...] = (
-    Patch(
-        module="vllm_ppspec.patches.config",
-        when="config",
-        targets=(
-            "vllm.config.vllm:VllmConfig._get_v1_model_runner_unsupported_features",
-            "vllm.config.vllm:VllmConfig.use_v2_model_runner",
-            "vllm.config.vllm:VllmConfig.max_concurrent_batches",
-            "vllm.config.vllm:VllmConfig.__post_init__",
-            "vllm.platforms.cpu:CpuPlatform.check_and_update_config",
-            "vllm.v1.engine.core:EngineCore.post_step",
-        ),
-        why=(
-            "vLLM refuses PP + async scheduling on the V1 runner, picks the V2 runner, keeps "
-            "one batch in flight under PP + spec, turns --async-scheduling off on CPU, and "
-            "fetches drafts with a call that waits for the batch to leave the pipeline."
-        ),
-        how=(
-            "Wrappers that call vLLM's function unchanged unless the plugin worker is "
-            "selected; with it, under PP + spec: the plugin's refusals instead of vLLM's, "
-            "the V1 runner, PP (sync) or PP + 1 (lanes) batches, the plugin's scheduler, "
-            "no post_step draft fetch."
-        ),
-        upstream="vLLM #45014 (PP + async refusal), #46994, #52071 (PP + spec on V1)",
-        remove_when="vLLM runs speculative decoding under PP on the runner users run",
-    ),
-    Patch(
-        module="vllm_ppspec.patches.stop_grace",
-        when="config",
-        targets=("vllm.v1.engine.utils:get_engine_process_shutdown_timeout",),
-        why=(
-            "at vLLM's default --shutdown-timeout 0 a SIGTERM to vllm serve SIGKILLs the "
-            "engine core's workers at once: across hosts they cannot say goodbye, and the "
-            "other node reports a dead peer (an ERROR, 'died unexpectedly')"
-        ),
-        how=(
-            "with the plugin's worker on a pipeline across nodes (mp, PP > 1, a DP replica "
-            "spanning nodes) only, where vLLM "
-            "gives no window of its own: the window VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS "
-            "(5 s), as vLLM gives ROCm; requests are still aborted at once"
-        ),
-        upstream=(
-            "none found; vllm/v1/engine/utils.py:get_engine_process_shutdown_timeout "
-            "(ROCm's window; 0.33 adds the variable)"
-        ),
-        remove_when="vLLM stops an mp executor's workers in order at --shutdown-timeout 0",
-    ),
-    Patch(
-        module="vllm_ppspec.patches.deployment_check",
-        when="config",
-        targets=("vllm.distributed.parallel_state:initialize_model_parallel",),
-        why=(
-            "each host and DP replica decides alone who serves (VLLM_PPSPEC_AUTO, "
-            "VLLM_USE_V2_MODEL_RUNNER): a rank running vLLM's own worker beside the "
-            "plugin's would be found only by the runner's start-up timeout, or never"
-        ),
-        how=(
-            "for speculative decoding with PP > 1 or DP > 1 only, after vLLM built its "
-            "groups: one gloo gather of each rank's worker, runner, mode and vLLM release "
-            "on the world group; a difference raises on every rank, naming it"
-        ),
-        upstream="none found; vllm/distributed/parallel_state.py:initialize_model_parallel",
-        remove_when="vLLM serves speculative decoding with PP and DP on the runner users run",
-    ),
-    Patch(
-        module="vllm_ppspec.patches.async_hold",
-        when="config",
-        targets=("vllm.config.vllm:VllmConfig.__post_init__",),
-        why=(
-            "vLLM 0.33 raises 'Async scheduling is not supported by the V1 model runner "
-            "with pipeline parallelism.' inside __post_init__ for an explicit "
-            "--async-scheduling with PP > 1, before any hook the plugin has"
-        ),
-        how=(
-            "under PP + spec with the plugin's worker only, and only when the PP refusal is "
-            "the one vLLM would raise (patches.async_hold.v1_async_refusal_besides_pp): "
-            "vLLM's checks see async_scheduling=False, then the explicit True is put back "
-            "with what vLLM's explicit-async branch does (executor check, DP sync without "
-            "NCCL): hold_async, restore_async"
-        ),
-        upstream="vllm/config/vllm.py:VllmConfig.__post_init__ (0.33.0, v1_async_sched_incompat)",
-        remove_when="vLLM runs PP + spec + async scheduling on the runner users run",
-        versions=("0.33.0",),
-    ),
-    Patch(
-        module="vllm_ppspec.patches.remote_reads",
-        when="engine core",
-        targets=("vllm.distributed.device_communicators.shm_broadcast:MessageQueue.dequeue",),
-        why=(
-            "across hosts the executor waits for a remote worker's reply in one zmq poll "
-            "for the whole RPC timeout (300 s), even after its worker monitor shut the "
-            "queues down: with a PP peer dead, /health stays 200 and requests hang until then"
-        ),
-        how=(
-            "in an engine core running a plugin scheduler (installed from the post_step "
-            "wrapper), remote readers only, whatever --nnodes says: a remote reader polls "
-            "in 0.1 s slices and raises RuntimeError('cancelled') once its queue is shut "
-            "down, as a local reader does"
-        ),
-        upstream=(
-            "none found for the remote reader's dequeue (related: vLLM #23985, errors of "
-            "non-output ranks wait the RPC timeout; PR #58059, the same cancel for start-up "
-            "waits); vllm/distributed/device_communicators/shm_broadcast.py"
-        ),
-        remove_when="vLLM's remote MessageQueue reads end on shutdown",
-    ),
-    Patch(
-        module="vllm_ppspec.runner.health.orderly_stop",
-        when="worker",
-        targets=("vllm.distributed.device_communicators.shm_broadcast:MessageQueue.dequeue",),
-        why=(
-            "on a headless node the worker waits for the leader's next call in a remote "
-            "read that ignores its queue's shutdown: when a peer's goodbye stops that node "
-            "in order, vLLM's executor waits 5 s, then SIGTERMs and SIGKILLs the worker"
-        ),
-        how=(
-            "the plugin's worker on a headless node (node_rank_within_dp > 0, mp executor) "
-            "installs patches/remote_reads.py at init_device: the read ends within 0.1 s "
-            "of the shutdown, as vLLM's own stop of a worker does"
-        ),
-        upstream="none found; vllm/distributed/device_communicators/shm_broadcast.py",
-        remove_when="vLLM's remote MessageQueue reads end on shutdown",
-    ),
-    Patch(
-        module="vllm_ppspec.patches.cpu_expand",
-        when="worker",
-        targets=("vllm.v1.sample.rejection_sampler:expand_kernel",),
-        why=(
-            "vLLM's CPU fallback (cpu_triton_utils._expand_kernel_impl) writes into a "
-            "temporary int64 copy: greedy rows change beside sampled ones."
-        ),
-        how="registers a torch expand_kernel over vLLM's fallback when Triton is absent",
-        upstream=(
-            "vLLM PR #42638 (expand_batch_to_tokens on CPU, closed unmerged); "
-            "vllm/utils/cpu_triton_utils.py:_expand_kernel_impl, unchanged in 0.33.0"
-        ),
-        remove_when="vLLM's CPU expand fallback writes into its output tensor",
-    ),
-    Patch(
-        module="vllm_ppspec.patches.cpu_eager",
-        when="worker",
-        targets=("vllm.v1.worker.gpu_model_runner:update_num_computed_tokens_for_batch_change",),
-        why="inductor compiles the async spec-decode correction on CPU while requests wait",
-        how="points the runner module's name at the uncompiled function",
-        upstream=("none found; vllm/v1/spec_decode/utils.py (torch.compile with the CPU backend)"),
-        remove_when="vLLM runs that correction eagerly on CPU",
-    ),
-    Patch(
-        module="vllm_ppspec.patches.cpu_ngram_threads",
-        when="worker",
-        targets=("vllm.v1.spec_decode.ngram_proposer:NgramProposer.batch_propose",),
-        why=(
-            "the ngram proposer restores numba's thread count, the core count, with "
-            "omp_set_num_threads: torch then runs more OpenMP threads than the cores "
-            "vLLM bound the worker to"
-        ),
-        how="sets numba's thread count to torch's once vLLM bound the worker's threads",
-        upstream="none found; vllm/v1/spec_decode/ngram_proposer.py:NgramProposer.batch_propose",
-        remove_when="vLLM's ngram proposer leaves the OpenMP thread count as it found it",
-    ),
-    Patch(
-        module="vllm_ppspec.patches.cpu_moe",
-        when="worker",
-        targets=(
-            "vllm.distributed.device_communicators.cpu_communicator:CpuCommunicator.all_gatherv",
-            "vllm.distributed.device_communicators.cpu_communicator:CpuCommunicator.reduce_scatterv",
-        ),
-        why="vLLM's CPU communicator raises NotImplementedError: MoE at DP > 1 fails on CPU",
-        how="gloo all_gather / all_reduce implementations on the communicator's group",
-        upstream=(
-            "vLLM #57837 (CpuCommunicator lacks the variable-size collectives), PR #47778 "
-            "(CPU MoE DP/EP, open)"
-        ),
-        remove_when="tests/test_e2e_dp.py::test_stock_worker_still_fails... starts failing",
-    ),
-    Patch(
-        module="vllm_ppspec.runner.platform.cpu_worker",
-        when="worker",
-        targets=("vllm.v1.worker.cpu_worker:CPUModelRunner",),
-        why="CPUWorker.init_device builds its runner by this module-level name",
-        how="points the name at the plugin's CPU runner for that one call, then restores it",
-        upstream="none found (not a bug); vllm/v1/worker/cpu_worker.py:CPUWorker.init_device",
-        remove_when="vLLM lets a worker choose its runner class",
-    ),
-    Patch(
-        module="vllm_ppspec.runner.drafter.scope",
-        when="runner",
-        targets=(
-            "vllm.v1.spec_decode.llm_base_proposer:SpecDecodeBaseProposer._get_model",
-            "vllm.v1.spec_decode.llm_base_proposer:SpecDecodeBaseProposer._create_draft_vllm_config",
-            "vllm.v1.spec_decode.llm_base_proposer:SpecDecodeBaseProposer.propose",
-            "vllm.v1.spec_decode.llm_base_proposer:SpecDecodeBaseProposer.dummy_run",
-        ),
-        why=(
-            "the drafter is a whole model on the last PP rank, but model code asks the "
-            "global PP group which layers to build and whether to expect intermediate tensors"
-        ),
-        how=(
-            "isolate_drafter wraps these on the last rank's drafter instance (the class is "
-            "untouched): while they run, the PP group reads as one stage and the draft "
-            "config has pipeline_parallel_size 1"
-        ),
-        upstream="vLLM #52071 (PP + spec on the V1 runner); none found for the drafter's scope",
-        remove_when="vLLM builds and runs the drafter as one stage under PP",
-    ),
-    Patch(
-        module="vllm_ppspec.runner.drafter.scope",
-        when="runner",
-        targets=(
-            "vllm.distributed.parallel_state:_PP",
-            "vllm.envs:disable_envs_cache",
-        ),
-        why=(
-            "make_layers and EAGLE's get_num_layers read the PP group and "
-            "VLLM_PP_LAYER_PARTITION (the target's split) from module globals"
-        ),
-        how=(
-            "single_stage_pp puts a one-stage view in parallel_state._PP for the length of "
-            "a drafter call; target_partition_hidden turns vLLM's envs cache off and hides "
-            "VLLM_PP_LAYER_PARTITION while the drafter is built; both put them back after"
-        ),
-        upstream="none found",
-        remove_when="vLLM builds and runs the drafter as one stage under PP",
-    ),
-    Patch(
-        module="vllm_ppspec.runner.drafter.dp_hook",
-        when="runner",
-        targets=(
-            "vllm.v1.spec_decode.llm_base_proposer:SpecDecodeBaseProposer.propose",
-            "vllm.v1.spec_decode.llm_base_proposer:SpecDecodeBaseProposer.dummy_run",
-            "vllm.v1.spec_decode.llm_base_proposer:SpecDecodeBaseProposer._determine_batch_execution_and_padding",
-        ),
-        why=(
-            "at DP > 1 (MoE targets) every drafter forward's collectives must be matched on "
-            "the other DP ranks; vLLM relies on dummy_run issuing the same sequence as propose"
-        ),
-        how=(
-            "install wraps them on the drafter instance: each drafter run agrees with the "
-            "other DP ranks' first (protocol/dp_agreement.py), or every rank raises"
-        ),
-        upstream="none found",
-        remove_when="vLLM agrees drafter runs across DP itself",
-    ),
-)
+__all__ = ["PATCHED_NAMES", "PATCHED_PRIVATE_NAMES", "REGISTRY", "Patch", "install_group"]
 
 
 # The vLLM names wrapped in place in every process ("config" entries), as
@@ -300,3 +52,35 @@ PATCHED_NAMES: tuple[tuple[str, str], ...] = tuple(
         for target in patch.targets
     )
 )
+
+
+# Every registry target as (module, qualname), for the version check's
+# PRIVATE_NAMES (version_guard): each must exist in every supported release.
+PATCHED_PRIVATE_NAMES: tuple[tuple[str, str], ...] = tuple(
+    dict.fromkeys(
+        tuple(target.split(":"))  # type: ignore[misc]
+        for patch in REGISTRY
+        for target in patch.targets
+    )
+)
+
+# The groups install_group has installed in this process.
+installed_groups: set[str] = set()
+
+
+def install_group(when: str, *args: Any, cpu: bool = False, after_init: bool = False) -> None:
+    """Install the registry's ``when`` entries, in registry order: import each
+    entry's module and call its ``install`` function with ``args``.
+
+    Entries whose ``install`` is None are applied by their own call (``how``).
+    ``cpu`` and ``after_init`` select the worker entries: ``cpu_only`` ones
+    only with ``cpu``, and those of the moment asked (before or after vLLM's
+    ``init_device``). Each install is idempotent or the caller installs once.
+    """
+    for patch in REGISTRY:
+        if patch.when != when or patch.install is None:
+            continue
+        if (patch.cpu_only and not cpu) or patch.after_init != after_init:
+            continue
+        getattr(importlib.import_module(patch.module), patch.install)(*args)
+    installed_groups.add(when)

@@ -1,7 +1,7 @@
 """Compare a dict of strings across ranks at start-up: a monitored barrier, then one gather.
 
 Both start-up checks use it: the deployment check of who serves
-(``patches/deployment_check.py``, every rank of the world group) and the
+(``patches/config/deployment_check.py``, every rank of the world group) and the
 runner's check that the PP ranks run the plugin the same way
 (``runner/health/startup_check.py``). Every rank of ``group`` calls
 :func:`gather` once, in the same place: ``monitored_barrier`` (gloo) with a

@@ -14,8 +14,9 @@ under the mp executor, which runs in that process, the workers its children),
 a peer's goodbye from another node sends SIGTERM to that process, as its admin
 would (``peer_watch``). vLLM's executor there then closes this worker's death
 pipe and waits for it. The worker waits for the leader's next call in a remote
-message-queue read that ignores the queue's shutdown, so this worker installs
-``patches/remote_reads.py`` on such a node: the read ends within 0.1 s, the
+message-queue read that ignores the queue's shutdown, so the plugin's worker
+installs ``patches/engine_core/remote_reads.py`` on such a node (the registry's ``worker``
+group, :func:`vllm_ppspec.patches.install_group`): the read ends within 0.1 s, the
 worker leaves its busy loop as vLLM's own does when stopped, and the executor
 logs that every worker exited gracefully.
 """
@@ -24,13 +25,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from vllm_ppspec.patches.engine_core.remote_reads import headless_node
 from vllm_ppspec.runner.health import peer_watch
 
-
-def headless_node(parallel_config: Any) -> bool:
-    """This worker's executor is a headless ``vllm serve``'s (its parent process)."""
-    backend = parallel_config.distributed_executor_backend
-    return backend == "mp" and parallel_config.node_rank_within_dp > 0
+__all__ = ["StopsInOrder", "headless_node"]
 
 
 class StopsInOrder:
@@ -39,12 +37,7 @@ class StopsInOrder:
     vllm_config: Any
 
     def init_device(self) -> None:
-        headless = headless_node(self.vllm_config.parallel_config)
-        peer_watch.set_headless_node(headless)
-        if headless:
-            from vllm_ppspec.patches import remote_reads
-
-            remote_reads.install()
+        peer_watch.set_headless_node(headless_node(self.vllm_config.parallel_config))
         super().init_device()  # type: ignore[misc]
 
     def shutdown(self) -> None:

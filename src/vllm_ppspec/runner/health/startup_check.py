@@ -60,7 +60,7 @@ HOST_LOCAL_SWITCHES: dict[str, str] = {
     TIMEOUT_ENV: "how long this rank waits here",
     "VLLM_PPSPEC_DP_AGREE_TIMEOUT": "how long this rank waits for its DP peers",
     "VLLM_PPSPEC_PEER_KEEPALIVE_S": "how soon this rank's peer watch gives up on a peer",
-    "VLLM_PPSPEC_AUTO": "compared by the decision it leads to (patches/deployment_check.py)",
+    "VLLM_PPSPEC_AUTO": "compared by the decision it leads to (patches/config/deployment_check.py)",
     "VLLM_PPSPEC_CPU_COMPILED_CORRECTION": "the same correction, compiled or eager",
     "VLLM_PPSPEC_FAULT": "tests: a fault injected on this host's ranks",
     "VLLM_PPSPEC_FAULT_SKIP_ACCEPTED_COUNTS": "tests: a fault injected on this host's ranks",

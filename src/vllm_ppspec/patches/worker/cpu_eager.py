@@ -10,7 +10,7 @@ reaches it, and again for each new specialisation (a batch of one request
 specialises its size). ``enforce_eager`` does not cover it. The compile
 costs seconds once, while the first requests wait, and makes the first async
 steps many times slower than sync ones; in steady state an async step costs
-less than a sync one (docs/measurements.md, "patches/cpu_eager.py").
+less than a sync one (docs/measurements.md, "patches/worker/cpu_eager.py").
 
 :func:`install` points the name ``gpu_model_runner`` calls at the uncompiled
 function (``_torchdynamo_orig_callable``: the same Python body, run eagerly),
@@ -27,8 +27,9 @@ KEEP_COMPILED_ENV = "VLLM_PPSPEC_CPU_COMPILED_CORRECTION"
 NAME = "update_num_computed_tokens_for_batch_change"
 
 
-def install() -> bool:
-    """Make ``gpu_model_runner`` call the correction eagerly; True if it did."""
+def install(worker: object = None) -> bool:
+    """Make ``gpu_model_runner`` call the correction eagerly; True if it did
+    (the ``worker`` group's entry; ``worker`` unused)."""
     if os.environ.get(KEEP_COMPILED_ENV) == "1":
         return False
     import vllm.v1.worker.gpu_model_runner as runner_module

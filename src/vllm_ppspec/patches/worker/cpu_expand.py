@@ -53,8 +53,9 @@ def expand_kernel(
     output[:total] = values.repeat_interleave(counts).to(output.dtype)
 
 
-def install() -> bool:
-    """Register :func:`expand_kernel` where vLLM uses its CPU fallback; True if it did."""
+def install(worker: object = None) -> bool:
+    """Register :func:`expand_kernel` where vLLM uses its CPU fallback; True if it did
+    (the ``worker`` group's entry; ``worker`` unused)."""
     from vllm.triton_utils import HAS_TRITON
 
     if HAS_TRITON:  # the Triton kernel runs (GPU, or Triton-CPU): nothing to fix

@@ -73,9 +73,13 @@ def _wrap(original: Any) -> Any:
 
 
 def install() -> None:
-    """Wrap ``get_engine_process_shutdown_timeout`` (called from ``patches.config.install``)."""
+    """Wrap ``get_engine_process_shutdown_timeout`` (the ``config`` group; once)."""
     import vllm.v1.engine.utils as engine_utils
 
+    from vllm_ppspec.patches.config import installed
+
+    if installed():
+        return
     engine_utils.get_engine_process_shutdown_timeout = _wrap(  # type: ignore[assignment]
         engine_utils.get_engine_process_shutdown_timeout
     )

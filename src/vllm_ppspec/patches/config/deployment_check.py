@@ -25,7 +25,6 @@ import functools
 import os
 from typing import Any
 
-from vllm_ppspec.patches.worker_choice import AUTO_ENV, platform_name, spec_in_parallel
 from vllm_ppspec.protocol.agreement import (
     TIMEOUT_ENV,
     RankMissingError,
@@ -34,6 +33,7 @@ from vllm_ppspec.protocol.agreement import (
     timeout_s,
 )
 from vllm_ppspec.version_guard import installed_vllm_version
+from vllm_ppspec.worker_choice import AUTO_ENV, platform_name, spec_in_parallel
 
 DECISION_FIELDS = ("worker", "runner", "mode", "vLLM release")
 V2_ENV = "VLLM_USE_V2_MODEL_RUNNER"
@@ -116,9 +116,13 @@ def _wrap(original: Any) -> Any:
 
 
 def install() -> None:
-    """Wrap ``initialize_model_parallel`` (called from ``patches.config.install``)."""
+    """Wrap ``initialize_model_parallel`` (the ``config`` group; once)."""
     import vllm.distributed.parallel_state as parallel_state
 
+    from vllm_ppspec.patches.config import installed
+
+    if installed():
+        return
     parallel_state.initialize_model_parallel = _wrap(  # type: ignore[assignment]
         parallel_state.initialize_model_parallel
     )

@@ -13,16 +13,17 @@ timeout instead (``MessageQueue.recv``, ``VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS``,
 :func:`install` wraps ``MessageQueue.dequeue``: a remote reader polls in
 slices of :data:`SLICE_S` and raises ``RuntimeError("cancelled")`` as soon as
 the queue is shut down, as a local reader does; once a message is there,
-vLLM's own ``dequeue`` reads it. Local readers are untouched. The config
-patches' ``EngineCore.post_step`` wrapper installs it in an engine core that
-runs a plugin scheduler (PP + spec with the plugin's worker), so it is in the
-process that runs the executor; whatever ``--nnodes`` says
-(vLLM keeps it at 1 under Ray, which places workers on several hosts), since
-only the readers vLLM made remote (``_is_remote_reader``) change. The plugin's
-worker on a headless node installs it too
-(``runner/health/orderly_stop.py``): that worker reads each call of the leader's
-executor remotely, and when its own executor stops it in order the read ends
-instead of waiting for vLLM's SIGKILL.
+vLLM's own ``dequeue`` reads it. Local readers are untouched. The registry's
+``engine core`` group: the config patches' ``EngineCore.post_step`` wrapper
+installs it in an engine core that runs a plugin scheduler (PP + spec with the
+plugin's worker), so it is in the process that runs the executor; whatever
+``--nnodes`` says (vLLM keeps it at 1 under Ray, which places workers on
+several hosts), since only the readers vLLM made remote (``_is_remote_reader``)
+change. In the ``worker`` group the plugin's worker on a headless node installs
+it too (:func:`install_on_headless_worker`): that worker reads each call of the
+leader's executor remotely, and when its own executor stops it in order
+(``runner/health/orderly_stop.py``) the read ends instead of waiting for
+vLLM's SIGKILL.
 """
 
 from __future__ import annotations
@@ -52,8 +53,16 @@ def cancellable(original: Any) -> Any:
     return dequeue
 
 
-# Whether this process installed it (read every engine step: no import there).
-installed = False
+def headless_node(parallel_config: Any) -> bool:
+    """This worker's executor is a headless ``vllm serve``'s (its parent process)."""
+    backend = parallel_config.distributed_executor_backend
+    return backend == "mp" and parallel_config.node_rank_within_dp > 0
+
+
+def install_on_headless_worker(worker: Any) -> None:
+    """The ``worker`` group's entry: :func:`install` on a headless node only."""
+    if headless_node(worker.vllm_config.parallel_config):
+        install()
 
 
 def install() -> None:
@@ -61,8 +70,6 @@ def install() -> None:
     the plugin's worker on a headless node."""
     from vllm.distributed.device_communicators.shm_broadcast import MessageQueue
 
-    global installed
-    installed = True
     if getattr(MessageQueue.dequeue, _FLAG, False):
         return
     MessageQueue.dequeue = cancellable(MessageQueue.dequeue)  # type: ignore[method-assign]

@@ -1,6 +1,8 @@
 """Config checks that change when, and only when, the plugin worker is selected.
 
-Installed by :func:`vllm_ppspec.plugin.register` in every vLLM process. Each
+Installed by :func:`vllm_ppspec.plugin.register` in every vLLM process
+(``install_group("config")``: this module's :func:`install`, then the other
+``config`` entries of the registry, then :func:`mark_installed`). Each
 patch wraps one vLLM function and calls it unchanged unless
 ``parallel_config.worker_cls`` names a vllm-ppspec worker (which it does by
 itself under PP + spec when left at ``auto``, see ``__post_init__``):
@@ -39,7 +41,7 @@ itself under PP + spec when left at ``auto``, see ``__post_init__``):
   the latest drafts with a blocking call that waits for the batch to leave
   the pipeline; the drafts come with the batch's output instead
   (:mod:`vllm_ppspec.sched.draft_delivery`). With either plugin scheduler it
-  also installs :mod:`.remote_reads` in the engine core, once.
+  also installs the registry's ``engine core`` group (:mod:`.remote_reads`), once.
 * ``get_engine_process_shutdown_timeout`` (:mod:`.stop_grace`): with the
   plugin's worker across nodes, a stop at ``--shutdown-timeout 0`` gives the
   engine core vLLM's best-effort window to stop its workers in order.
@@ -50,10 +52,11 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from vllm_ppspec import WORKER_QUALNAME, policy
-from vllm_ppspec.patches import deployment_check, remote_reads, stop_grace
-from vllm_ppspec.patches.async_hold import hold_async, restore_async
-from vllm_ppspec.patches.worker_choice import (
+from vllm_ppspec import WORKER_QUALNAME, patches, policy
+from vllm_ppspec.patches.config import stop_grace
+from vllm_ppspec.patches.config.async_hold import hold_async, restore_async
+from vllm_ppspec.policy import Mode
+from vllm_ppspec.worker_choice import (
     AUTO_ENV,
     SUPPORTED_PP_METHODS,
     Choice,
@@ -64,7 +67,6 @@ from vllm_ppspec.patches.worker_choice import (
     v2_refusal,
     v2_required,
 )
-from vllm_ppspec.policy import Mode
 
 PP_ASYNC_REFUSAL = "pipeline parallelism with async scheduling"
 
@@ -306,11 +308,10 @@ def _wrap_post_step(original: Any) -> Any:
     @functools.wraps(original)
     def wrapper(self: Any, model_executed: bool) -> None:
         mode = getattr(self.scheduler, "ppspec_mode", None)
-        if mode is not None and not remote_reads.installed:
-            # This engine core runs a plugin scheduler: its reads of a remote
-            # worker's reply end when the executor shuts down (remote_reads.py;
-            # installed once, whatever --nnodes says).
-            remote_reads.install()
+        if mode is not None and "engine core" not in patches.installed_groups:
+            # This engine core runs a plugin scheduler: its patches (remote
+            # reads that end when the executor shuts down) go in, once.
+            patches.install_group("engine core")
         if mode is Mode.SYNC:
             return  # drafts come with each batch's output (draft_delivery)
         original(self, model_executed)
@@ -335,11 +336,25 @@ def _wrap_cpu_check(original: Any) -> Any:
     return classmethod(wrapper)
 
 
-def install() -> None:
-    """Install the patches once per process (plugins may be loaded repeatedly)."""
+def installed() -> bool:
+    """The ``config`` group is in this process (:func:`mark_installed` ran)."""
     from vllm.config.vllm import VllmConfig
 
-    if getattr(VllmConfig, PATCHED_FLAG, False):
+    return bool(getattr(VllmConfig, PATCHED_FLAG, False))
+
+
+def mark_installed() -> None:
+    """Record that the whole ``config`` group went in (the workers check it)."""
+    from vllm.config.vllm import VllmConfig
+
+    setattr(VllmConfig, PATCHED_FLAG, True)
+
+
+def install() -> None:
+    """Wrap the config checks above (the ``config`` group's first entry); once."""
+    from vllm.config.vllm import VllmConfig
+
+    if installed():
         return
     VllmConfig._get_v1_model_runner_unsupported_features = (  # type: ignore[method-assign]
         _wrap_unsupported_features(VllmConfig._get_v1_model_runner_unsupported_features)
@@ -361,6 +376,3 @@ def install() -> None:
     CpuPlatform.check_and_update_config = _wrap_cpu_check(  # type: ignore[method-assign]
         CpuPlatform.__dict__["check_and_update_config"]
     )
-    stop_grace.install()
-    deployment_check.install()
-    setattr(VllmConfig, PATCHED_FLAG, True)

@@ -10,7 +10,7 @@ warns about that for speculative decoding). From the first proposal on, every
 torch operator of the worker then runs with that many OpenMP threads instead
 of the cores vLLM bound to it (``VLLM_CPU_OMP_THREADS_BIND``): with one core
 per rank, a team of spinning threads on each core, several times slower than
-without speculation (docs/measurements.md, "patches/cpu_ngram_threads.py").
+without speculation (docs/measurements.md, "patches/worker/cpu_ngram_threads.py").
 
 :func:`install`, in the plugin's CPU worker after vLLM bound its threads and
 only when the speculative method is ngram, starts numba's threading layer
@@ -20,11 +20,18 @@ proposer's own get / set then leave OpenMP alone.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 
-def install() -> int:
-    """Start numba's threading layer without changing torch's thread count."""
+def install(worker: Any = None) -> int:
+    """Start numba's threading layer without changing torch's thread count; the
+    thread count, or 0 where ``worker`` drafts with another method than ngram."""
+    if worker is not None:
+        spec = worker.vllm_config.speculative_config
+        if spec is None or spec.method != "ngram":
+            return 0
     import numba
 
     threads = torch.get_num_threads()

@@ -1,12 +1,12 @@
-"""Make vLLM's CPU worker build PPSpecCPUModelRunner (and install the CPU patches)."""
+"""Make vLLM's CPU worker build PPSpecCPUModelRunner, with the registry's worker patches."""
 
 from __future__ import annotations
 
 import vllm.v1.worker.cpu_worker as _vllm_cpu_worker
 from vllm.v1.worker.cpu_worker import CPUWorker
 
-import vllm_ppspec.runner.platform.cpu as _cpu_runner  # runs the version guard first
-from vllm_ppspec.patches import cpu_eager, cpu_expand, cpu_moe, cpu_ngram_threads
+import vllm_ppspec.runner.cpu_runner as _cpu_runner  # runs the version guard first
+from vllm_ppspec.patches import install_group
 from vllm_ppspec.patches.install_state import require_installed
 from vllm_ppspec.runner.clocks import WorkerClocks
 from vllm_ppspec.runner.health.orderly_stop import StopsInOrder
@@ -18,15 +18,10 @@ class PPSpecCPUWorker(RankErrorsEndEngine, WorkerClocks, StopsInOrder, CPUWorker
         # With the patches installed, use_v2_model_runner is False for this
         # worker (or VLLM_USE_V2_MODEL_RUNNER=1 was refused already).
         require_installed()
-        # vLLM registered its CPU kernel fallbacks before building this worker;
-        # replace the broken expand kernel (patches/cpu_expand.py).
-        cpu_expand.install()
-        # Async spec decode: no inductor compile mid-serving (patches/cpu_eager.py).
-        cpu_eager.install()
-        # MoE layers at DP > 1 need all_gatherv / reduce_scatterv, which vLLM's
-        # CpuCommunicator lacks (patches/cpu_moe.py); set them before the
-        # distributed groups are built.
-        cpu_moe.install()
+        # The registry's worker group, before vLLM's init_device builds the
+        # runner and the distributed groups: cpu_expand, cpu_eager, cpu_moe,
+        # remote_reads on a headless node.
+        install_group("worker", self, cpu=True)
         # CPUWorker.init_device constructs the runner by the module-level name
         # CPUModelRunner; point that name at our runner for this call only.
         original = _vllm_cpu_worker.CPUModelRunner
@@ -35,8 +30,5 @@ class PPSpecCPUWorker(RankErrorsEndEngine, WorkerClocks, StopsInOrder, CPUWorker
             super().init_device()
         finally:
             _vllm_cpu_worker.CPUModelRunner = original  # type: ignore[misc]
-        # vLLM bound this worker's threads above; its ngram proposer must not
-        # change their number (patches/cpu_ngram_threads.py).
-        spec = self.vllm_config.speculative_config
-        if spec is not None and spec.method == "ngram":
-            cpu_ngram_threads.install()
+        # vLLM bound this worker's threads above: cpu_ngram_threads (ngram only).
+        install_group("worker", self, cpu=True, after_init=True)

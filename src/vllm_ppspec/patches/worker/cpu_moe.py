@@ -93,7 +93,7 @@ def reduce_scatterv(
     return summed.narrow(d, start, sizes[rank]).contiguous()
 
 
-def install() -> None:
+def install(worker: object = None) -> None:
     """Give vLLM's ``CpuCommunicator`` these two methods (idempotent)."""
     from vllm.distributed.device_communicators.cpu_communicator import CpuCommunicator
 

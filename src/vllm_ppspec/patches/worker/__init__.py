@@ -1,0 +1,1 @@
+"""The worker group: what the plugin's worker installs at init_device."""
