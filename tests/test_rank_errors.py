@@ -173,3 +173,28 @@ def _ancestors(logger):
     while logger is not None:
         yield logger
         logger = logger.parent
+
+
+def test_a_worker_of_vllms_mp_executor_leaves_sigint_to_its_executor():
+    """runner/health/orderly_stop.leave_sigint_to_the_executor: only a process
+    whose SIGINT handler is vLLM's worker_main's ignores SIGINT afterwards."""
+    import signal
+
+    from vllm_ppspec.runner.health.orderly_stop import leave_sigint_to_the_executor
+
+    def worker_main():
+        def signal_handler(signum, frame):
+            raise SystemExit()
+
+        return signal_handler
+
+    saved = signal.getsignal(signal.SIGINT)
+    try:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        assert leave_sigint_to_the_executor() is False  # not a worker: unchanged
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        signal.signal(signal.SIGINT, worker_main())
+        assert leave_sigint_to_the_executor() is True
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, saved)

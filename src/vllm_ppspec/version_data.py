@@ -99,6 +99,9 @@ UNPATCHED_NAMES: tuple[tuple[str, str], ...] = (
     # Across hosts: what a remote reply's cancellable read calls (patches/engine_core/).
     ("vllm.distributed.device_communicators.shm_broadcast", "MessageQueue.recv"),
     ("vllm.distributed.device_communicators.shm_broadcast", "MessageQueue.shutdown"),
+    # A worker of the mp executor, known by its SIGINT handler's name
+    # (runner/health/orderly_stop.leave_sigint_to_the_executor).
+    ("vllm.v1.executor.multiproc_executor", "WorkerProc.worker_main"),
 )
 
 

@@ -23,6 +23,8 @@ logs that every worker exited gracefully.
 
 from __future__ import annotations
 
+import signal
+import threading
 from typing import Any
 
 from vllm_ppspec.patches.engine_core.remote_reads import headless_node
@@ -38,6 +40,7 @@ class StopsInOrder:
 
     def init_device(self) -> None:
         peer_watch.set_headless_node(headless_node(self.vllm_config.parallel_config))
+        leave_sigint_to_the_executor()
         super().init_device()  # type: ignore[misc]
 
     def shutdown(self) -> None:
@@ -46,3 +49,23 @@ class StopsInOrder:
         if runner is not None and hasattr(runner, "ppspec_shutdown"):
             runner.ppspec_shutdown()  # the mode's steps (steps.Steps.shutdown)
         super().shutdown()  # type: ignore[misc]
+
+
+def leave_sigint_to_the_executor() -> bool:
+    """A worker process of vLLM's mp executor ignores SIGINT; True if it was one.
+
+    A Ctrl-C reaches every process of the terminal's process group: the
+    worker's own handler (``WorkerProc.worker_main``'s) would end it at once,
+    and a worker that exits before its executor began stopping it is logged by
+    vLLM as "died unexpectedly". Its executor gets the same Ctrl-C (or its
+    process ends) and stops the worker in order through the death pipe, as
+    after a SIGTERM to ``vllm serve`` alone. SIGTERM keeps vLLM's handler; a
+    worker running inside its engine core's process (one rank) is left alone.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    handler = signal.getsignal(signal.SIGINT)
+    if "worker_main" not in getattr(handler, "__qualname__", ""):
+        return False
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    return True
