@@ -54,12 +54,13 @@ PATCHED_NAMES: tuple[tuple[str, str], ...] = tuple(
 )
 
 
-# Every registry target as (module, qualname), for the version check's
+# Every registry target (checked_at_import) as (module, qualname), for the version check's
 # PRIVATE_NAMES (version_guard): each must exist in every supported release.
 PATCHED_PRIVATE_NAMES: tuple[tuple[str, str], ...] = tuple(
     dict.fromkeys(
         tuple(target.split(":"))  # type: ignore[misc]
         for patch in REGISTRY
+        if patch.checked_at_import
         for target in patch.targets
     )
 )

@@ -30,6 +30,9 @@ class Patch:
     attributes: tuple[str, ...] = ()
     cpu_only: bool = False  # "worker": only the plugin's CPU worker installs it
     after_init: bool = False  # "worker": after vLLM's init_device, not before
+    # Its targets among version_guard.PRIVATE_NAMES, resolved when the worker is
+    # imported; False where importing the target's module there changes vLLM.
+    checked_at_import: bool = True
 
 
 REGISTRY: tuple[Patch, ...] = (
@@ -187,6 +190,9 @@ REGISTRY: tuple[Patch, ...] = (
         remove_when="vLLM's ngram proposer leaves the OpenMP thread count as it found it",
         cpu_only=True,
         after_init=True,
+        # ngram_proposer imports numba, whose llvmlite ffi object breaks the module
+        # scan of vLLM's register_kernels (cpu_expand, at init_device): not imported early.
+        checked_at_import=False,
     ),
     Patch(
         module="vllm_ppspec.patches.worker.cpu_moe",
