@@ -141,7 +141,7 @@ MISMATCHES = {
         "$VLLM_PPSPEC_ONE_BATCH (rank 0: '0', rank 1: '1')",
     ),
     # host 1 alone keeps vLLM's own worker: the deployment check of every worker
-    # (patches/deployment_check.py) names the decision and the setting, at once
+    # (patches/config/deployment_check.py) names the decision and the setting, at once
     "no-plugin": (
         {"VLLM_PPSPEC_AUTO": "0"},
         "$VLLM_PPSPEC_AUTO (rank 0: '<unset>', rank 1: '0')",
@@ -196,7 +196,7 @@ def test_an_orderly_stop_of_the_leader_ends_both_hosts_quietly(hosts, models, tm
     """Host 0's ``vllm serve``, idle after one request, gets SIGINT on its
     process group (a Ctrl-C) or SIGTERM on its main process at vLLM's default
     ``--shutdown-timeout 0`` (its engine core gets the window to stop its
-    workers in order: patches/stop_grace.py): its worker says goodbye, host
+    workers in order: patches/config/stop_grace.py): its worker says goodbye, host
     1's worker logs one INFO line and stops its headless ``vllm serve`` as
     SIGTERM would. Every process of both hosts is
     gone within 15 s, both exit with vLLM's own status, and neither log has an

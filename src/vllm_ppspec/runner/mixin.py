@@ -1,7 +1,7 @@
 """Override vLLM's V1 runner methods and call this rank's steps from each (the runner mixin).
 
 Mixed into vLLM's ``GPUModelRunner`` (:class:`PPSpecGPUModelRunner`) and
-``CPUModelRunner`` (:class:`vllm_ppspec.runner.platform.cpu.PPSpecCPUModelRunner`). The
+``CPUModelRunner`` (:class:`vllm_ppspec.runner.cpu_runner.PPSpecCPUModelRunner`). The
 mode is decided once (:mod:`vllm_ppspec.policy`) and this rank's steps object
 built once (:mod:`~vllm_ppspec.runner.steps.build`), in ``_ppspec_setup``; every
 per-step override calls that object's hooks (:mod:`~vllm_ppspec.runner.steps.base`)
