@@ -46,7 +46,7 @@ def test_automatic_selection_changes_nothing_elsewhere_and_can_be_turned_off(
 
 
 def test_a_foreign_worker_cls_is_left_alone_with_a_warning(target, models, monkeypatch):
-    from vllm_ppspec.patches import config as config_patches
+    from vllm_ppspec.patches.config import selection as config_patches
 
     monkeypatch.delenv("VLLM_PPSPEC_AUTO")
     said: list[str] = []
@@ -357,7 +357,7 @@ def test_async_with_the_legacy_ray_executor_is_refused_and_ray_v2_is_not(monkeyp
     CPU platform, so this checks the refusal's logic on a config stand-in."""
     import vllm.envs as envs
 
-    from vllm_ppspec.patches.config import legacy_ray_async, pp_spec_unsupported
+    from vllm_ppspec.patches.config.refusals import legacy_ray_async, pp_spec_unsupported
 
     monkeypatch.setenv("VLLM_USE_RAY_V2_EXECUTOR_BACKEND", v2)
     if hasattr(envs, "disable_envs_cache"):
@@ -376,7 +376,7 @@ def test_async_with_the_legacy_ray_executor_is_refused_and_ray_v2_is_not(monkeyp
 
 @pytest.mark.parametrize(("pp", "dp"), [(2, 1), (1, 2), (2, 2)])
 def test_a_method_the_plugin_does_not_run_is_refused_with_its_worker_under_pp_or_dp(pp, dp):
-    from vllm_ppspec.patches.config import pp_spec_unsupported
+    from vllm_ppspec.patches.config.refusals import pp_spec_unsupported
 
     reasons = pp_spec_unsupported(_pp_spec_namespace("mp", False, "suffix", pp, dp))
     assert reasons == [

@@ -99,7 +99,8 @@ def test_the_parts_per_rank_and_mode_match_the_steps_classes():
             bases = {b.id for b in cls.bases if isinstance(b, ast.Name)}
             if bases & {"Part", "_Lanes"} and not name.startswith("_") and name != "Steps":
                 parts.add(name)
-    table = section(design_text(), "The runner: one steps object per rank and mode")
+    text = section(design_text(), "The runner: one steps object per rank and mode")
+    table = text[text.index("| mode | last rank | other ranks |") :].split("\n\n")[0]
     rows = re.findall(r"^\| [^|\n]* \| ([^|\n]*) \| ([^|\n]*) \|$", table, re.M)
     documented = {n for row in rows for cell in row for n in re.findall(r"`([A-Z]\w+)`", cell)}
     assert parts and documented == parts, f"design.md names {documented}, the code {parts}"

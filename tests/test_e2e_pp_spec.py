@@ -358,7 +358,7 @@ def test_pp2_spec_without_worker_cls_selects_the_plugin_and_matches_pp1(
     the plugin's scheduler (here the job's process) installed the cancellable
     remote read (patches/engine_core/remote_reads.py: ``install()`` from its post_step);
     one running vLLM's own scheduler (PP=1, vLLM's worker) left vLLM's alone."""
-    from vllm_ppspec.patches.config import AUTO_NOTICE
+    from vllm_ppspec.patches.config.selection import AUTO_NOTICE
 
     target, spec = tiny_spec(models, "draft_copy", K)
     res = run_job(job(models[target], pp=2, spec=spec, worker="auto", probe_remote_reads=True))

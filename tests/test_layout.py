@@ -302,7 +302,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "version_data.py",
             "protocol/",
             "patches/__init__.py",  # the walk installing a group
-            "patches/registry.py",  # the registry's data
+            "patches/registry",  # the registry's data (registry.py, registry_runner.py)
+            "patches/patch.py",  # one registry entry
         ),
     ),
     ("patches", ("patches/config/", "patches/engine_core/", "patches/worker/", "patches/install_")),

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from vllm_ppspec.runner.health import keepalive, peer_watch, rank_errors
+from vllm_ppspec.runner.health import keepalive, peer_links, peer_watch, rank_errors
 
 # ----------------------------------------------------------------------------
 # More than 1024 descriptors (vLLM raises a worker's limit; select() cannot go there)
@@ -83,7 +83,7 @@ def _hello(rank: int, token: bytes) -> bytes:
 
 
 def test_the_hello_is_the_one_these_tests_send():
-    assert (peer_watch.HELLO.format, peer_watch.MAGIC) == (HELLO.format, MAGIC)
+    assert (peer_links.HELLO.format, peer_links.MAGIC) == (HELLO.format, MAGIC)
 
 
 STRAYS = {
@@ -121,7 +121,7 @@ def test_strays_are_closed_and_take_no_slot():
     rank1 = socket.create_connection(address)
     rank1.sendall(_hello(1, TOKENS[1]))
     try:
-        got = peer_watch.accept_lower_ranks(listener, TOKENS, time.monotonic() + 10)
+        got = peer_links.accept_lower_ranks(listener, TOKENS, time.monotonic() + 10)
         assert sorted(got) == [0, 1]
         assert got[0].getpeername() == rank0.getsockname()
         assert got[1].getpeername() == rank1.getsockname()
@@ -141,7 +141,7 @@ def test_a_lower_rank_that_never_connects_fails_set_up_naming_it():
     t0 = time.monotonic()
     try:
         with pytest.raises(TimeoutError, match=r"PP ranks \[1\] did not connect"):
-            peer_watch.accept_lower_ranks(listener, TOKENS, time.monotonic() + 1.0)
+            peer_links.accept_lower_ranks(listener, TOKENS, time.monotonic() + 1.0)
         assert time.monotonic() - t0 < 3
         rank0.settimeout(5)
         assert rank0.recv(1) == b"", "rank 0's connection was kept after the failure"
@@ -169,7 +169,7 @@ def _set_up_with_strays(rank: int, world: int):
         return real(address, *args, **kwargs)
 
     socket.create_connection = create_connection  # this rank's process only
-    peers = peer_watch.connect_peers(group, "127.0.0.1")
+    peers = peer_links.connect_peers(group, "127.0.0.1")
     socket.create_connection = real
     mine = {r: s.getsockname() for r, s in peers.items()}
     theirs = {r: s.getpeername() for r, s in peers.items()}
@@ -290,7 +290,7 @@ def _watch(monkeypatch, headless: bool, same_executor=(), ranks=(0,), me: int = 
     ours, theirs = {}, {}
     for r in ranks:
         ours[r], theirs[r] = socket.socketpair()
-    peers = peer_watch.Peers(me, ours, frozenset(same_executor))
+    peers = peer_links.Peers(me, ours, frozenset(same_executor))
     monkeypatch.setattr(peer_watch, "connect_peers", lambda group, host: peers)
     peer_watch.set_headless_node(headless)
     try:

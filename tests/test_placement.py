@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parent.parent
 RANK = """
 import json, os, sys
 import torch.distributed as dist
-from vllm_ppspec.runner.health.peer_watch import connect_peers
+from vllm_ppspec.runner.health.peer_links import connect_peers
 from vllm_ppspec.runner.health.placement import peer_watch_host, pp_on_one_host
 rank = int(sys.argv[1])
 dist.init_process_group("gloo", init_method=sys.argv[2], rank=rank, world_size=2)

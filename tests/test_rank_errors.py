@@ -106,7 +106,8 @@ def _survive_a_killed_peer(rank: int, world: int):
 
     import torch.distributed as dist
 
-    from vllm_ppspec.runner.health.peer_watch import connect_peers, first_gone
+    from vllm_ppspec.runner.health.peer_links import connect_peers
+    from vllm_ppspec.runner.health.peer_watch import first_gone
 
     group = dist.new_group(backend="gloo")
     peers = connect_peers(group, "127.0.0.1")
@@ -139,10 +140,10 @@ def test_the_watcher_ends_the_worker_and_uses_no_process_ids(monkeypatch):
     import socket
     import threading
 
-    from vllm_ppspec.runner.health import peer_watch
+    from vllm_ppspec.runner.health import peer_links, peer_watch
 
     ours, theirs = socket.socketpair()
-    peers = peer_watch.Peers(0, {1: ours}, frozenset())
+    peers = peer_links.Peers(0, {1: ours}, frozenset())
     monkeypatch.setattr(peer_watch, "connect_peers", lambda group, host: peers)
     monkeypatch.setattr(os, "kill", lambda *a: pytest.fail("the watcher used a pid"))
     ended = threading.Event()

@@ -209,7 +209,7 @@ def test_auto_always_takes_over_where_vllm_picks_v2(models, triton, monkeypatch)
 
 
 def test_v2_is_left_alone_with_one_line_saying_so(models, triton, monkeypatch):
-    from vllm_ppspec.patches import config as config_patches
+    from vllm_ppspec.patches.config import selection as config_patches
 
     said: list[str] = []
     monkeypatch.setattr(config_patches, "_log_once", lambda level, msg: said.append(msg))
@@ -356,7 +356,7 @@ def pp2_config(models, triton):
 
 @pytest.fixture
 def notices(monkeypatch):
-    from vllm_ppspec.patches import config as config_patches
+    from vllm_ppspec.patches.config import selection as config_patches
 
     said: list[tuple[str, str]] = []
     monkeypatch.setattr(config_patches, "_log_once", lambda level, msg: said.append((level, msg)))
@@ -369,7 +369,7 @@ def test_on_another_platform_auto_leaves_vllms_worker_with_one_info_line(
 ):
     import vllm.platforms
 
-    from vllm_ppspec.patches.config import select_worker
+    from vllm_ppspec.patches.config.selection import select_worker
 
     monkeypatch.setattr(vllm.platforms, "_current_platform", _Platform(name))
     assert select_worker(pp2_config).choice is Choice.OTHER_PLATFORM
@@ -384,7 +384,7 @@ def test_on_another_platform_the_plugins_worker_named_is_refused_naming_it(
 ):
     import vllm.platforms
 
-    from vllm_ppspec.patches.config import select_worker
+    from vllm_ppspec.patches.config.selection import select_worker
 
     monkeypatch.setattr(vllm.platforms, "_current_platform", _Platform(name))
     pp2_config.parallel_config.worker_cls = WORKER_QUALNAME
@@ -398,7 +398,7 @@ def test_on_cpu_and_cuda_auto_selects_the_plugin_where_vllm_runs_v1(
 ):
     import vllm.platforms
 
-    from vllm_ppspec.patches.config import select_worker
+    from vllm_ppspec.patches.config.selection import select_worker
 
     monkeypatch.setattr(vllm.platforms, "_current_platform", _Platform(name))
     assert select_worker(pp2_config).choice is Choice.PLUGIN

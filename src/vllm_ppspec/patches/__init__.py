@@ -36,7 +36,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from vllm_ppspec.patches.registry import REGISTRY, Patch
+from vllm_ppspec.patches.patch import Patch
+from vllm_ppspec.patches.registry import REGISTRY
 
 __all__ = ["PATCHED_NAMES", "PATCHED_PRIVATE_NAMES", "REGISTRY", "Patch", "install_group"]
 

@@ -1,39 +1,14 @@
 """The registry's data: every change the plugin makes to vLLM, by group (``Patch.when``).
 
 Read through :mod:`vllm_ppspec.patches` (its docstring says what each group
-is and where it is installed). No vLLM import.
+is and where it is installed); the ``runner`` group's entries are in
+:mod:`.registry_runner`. No vLLM import.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from vllm_ppspec.version_data import SUPPORTED_VLLM_VERSIONS
-
-
-@dataclass(frozen=True)
-class Patch:
-    module: str  # the plugin module that makes the change
-    when: str  # "config" (every vLLM process), "engine core" (with the plugin's
-    # scheduler), "worker" (the plugin's worker), "runner" (one object or one call)
-    targets: tuple[str, ...]  # vLLM names replaced or wrapped, "module:qualname"
-    why: str
-    how: str
-    upstream: str  # the vLLM issue or PR behind it, or "none found" and the source
-    remove_when: str
-    versions: tuple[str, ...] = SUPPORTED_VLLM_VERSIONS  # the vLLM releases that need it
-    # The function of ``module`` that install_group(when, *args) calls; None where
-    # another call applies the change (``how`` says which).
-    install: str | None = "install"
-    # Attributes the change sets on vLLM objects besides its targets ("Owner.name":
-    # marks, an instance's attribute), as the code scan finds them.
-    attributes: tuple[str, ...] = ()
-    cpu_only: bool = False  # "worker": only the plugin's CPU worker installs it
-    after_init: bool = False  # "worker": after vLLM's init_device, not before
-    # Its targets among version_guard.PRIVATE_NAMES, resolved when the worker is
-    # imported; False where importing the target's module there changes vLLM.
-    checked_at_import: bool = True
-
+from vllm_ppspec.patches.patch import Patch
+from vllm_ppspec.patches.registry_runner import RUNNER_PATCHES
 
 REGISTRY: tuple[Patch, ...] = (
     Patch(
@@ -242,109 +217,4 @@ REGISTRY: tuple[Patch, ...] = (
         install=None,  # for one call, in the worker's init_device
         cpu_only=True,
     ),
-    Patch(
-        module="vllm_ppspec.runner.drafter.scope",
-        when="runner",
-        targets=(
-            "vllm.v1.spec_decode.llm_base_proposer:SpecDecodeBaseProposer._get_model",
-            "vllm.v1.spec_decode.llm_base_proposer:SpecDecodeBaseProposer._create_draft_vllm_config",
-            "vllm.v1.spec_decode.llm_base_proposer:SpecDecodeBaseProposer.propose",
-            "vllm.v1.spec_decode.llm_base_proposer:SpecDecodeBaseProposer.dummy_run",
-        ),
-        why=(
-            "the drafter is a whole model on the last PP rank, but model code asks the "
-            "global PP group which layers to build and whether to expect intermediate tensors"
-        ),
-        how=(
-            "isolate_drafter(drafter), from the runner's load_model, wraps these on the last "
-            "rank's drafter instance (the class is untouched): while they run, the PP group "
-            "reads as one stage and the draft config has pipeline_parallel_size 1"
-        ),
-        upstream="vLLM #52071 (PP + spec on the V1 runner); none found for the drafter's scope",
-        remove_when="vLLM builds and runs the drafter as one stage under PP",
-        install=None,
-        attributes=("SpecDecodeBaseProposer._ppspec_isolated",),
-    ),
-    Patch(
-        module="vllm_ppspec.runner.drafter.scope",
-        when="runner",
-        targets=(
-            "vllm.distributed.parallel_state:_PP",
-            "vllm.envs:disable_envs_cache",
-        ),
-        why=(
-            "make_layers and EAGLE's get_num_layers read the PP group and "
-            "VLLM_PP_LAYER_PARTITION (the target's split) from module globals"
-        ),
-        how=(
-            "single_stage_pp puts a one-stage view in parallel_state._PP for the length of "
-            "a drafter call; target_partition_hidden turns vLLM's envs cache off and hides "
-            "VLLM_PP_LAYER_PARTITION while the drafter is built; both put them back after"
-        ),
-        upstream="none found",
-        remove_when="vLLM builds and runs the drafter as one stage under PP",
-        install=None,
-    ),
-    Patch(
-        module="vllm_ppspec.runner.drafter.dp_hook",
-        when="runner",
-        targets=(
-            "vllm.v1.spec_decode.llm_base_proposer:SpecDecodeBaseProposer.propose",
-            "vllm.v1.spec_decode.llm_base_proposer:SpecDecodeBaseProposer.dummy_run",
-            "vllm.v1.spec_decode.llm_base_proposer:SpecDecodeBaseProposer._determine_batch_execution_and_padding",
-        ),
-        why=(
-            "at DP > 1 (MoE targets) every drafter forward's collectives must be matched on "
-            "the other DP ranks; vLLM relies on dummy_run issuing the same sequence as propose"
-        ),
-        how=(
-            "dp_hook.install(drafter, group, dp_rank), from the runner's load_model, wraps "
-            "them on the drafter instance: each drafter run agrees with the other DP ranks' "
-            "first (protocol/dp_agreement.py), or every rank raises"
-        ),
-        upstream="none found",
-        remove_when="vLLM agrees drafter runs across DP itself",
-        install=None,
-        attributes=("SpecDecodeBaseProposer._ppspec_dp_hook",),
-    ),
-    Patch(
-        module="vllm_ppspec.runner.drafter.embedding_handover",
-        when="runner",
-        targets=(),
-        why=(
-            "an EAGLE or MTP head shares the target's token embedding, which under PP "
-            "only the first rank holds; a head without an embedding weight (0.33's "
-            "share mode REPLACE) gets the target's module installed by vLLM"
-        ),
-        how=(
-            "give_drafter_the_target_embedding(runner, pp, is_last), from the runner's "
-            "load_model: the first rank's weight over gloo, copied into the drafter's "
-            "embedding, or (REPLACE) set as drafter.model.model.embed_tokens"
-        ),
-        upstream=(
-            "none found; vllm/v1/spec_decode/llm_base_proposer.py:"
-            "SpecDecodeBaseProposer._maybe_share_embeddings"
-        ),
-        remove_when="vLLM shares the target's embedding with the drafter across PP ranks",
-        install=None,
-        attributes=("SpecDecodeBaseProposer.model.model.embed_tokens",),
-    ),
-    Patch(
-        module="vllm_ppspec.sched.draft_delivery",
-        when="runner",
-        targets=(),
-        why=(
-            "vLLM's engine core fetches the drafts with a call that waits for the batch "
-            "to leave the pipeline, and hands them over before that batch's tokens"
-        ),
-        how=(
-            "attach_drafts(output, drafts), from the last rank's sync steps: the batch's "
-            "drafts set on its ModelRunnerOutput (a new attribute, pickled with it), read by "
-            "the plugin's sync scheduler; never on vLLM's shared EMPTY_MODEL_RUNNER_OUTPUT"
-        ),
-        upstream="none found; vllm/v1/engine/core.py:EngineCore.post_step",
-        remove_when="vLLM delivers each batch's drafts with its output under PP",
-        install=None,
-        attributes=("ModelRunnerOutput.ppspec_draft_token_ids",),
-    ),
-)
+) + RUNNER_PATCHES

@@ -10,8 +10,8 @@ itself under PP + spec when left at ``auto``, see ``__post_init__``):
 * ``VllmConfig._get_v1_model_runner_unsupported_features``: under PP +
   speculative decoding, drops "pipeline parallelism with async scheduling"
   (the plugin runs that combination, see below) and adds the PP + speculative
-  combinations the plugin does not support, so vLLM raises its usual
-  ``ValueError`` naming them. Without speculative decoding vLLM's refusal
+  combinations the plugin does not support (:mod:`.refusals`), so vLLM raises
+  its usual ``ValueError`` naming them. Without speculative decoding vLLM's refusal
   stays: vLLM refuses PP + async scheduling on the V1 runner because
   structured outputs desync the grammar FSM there (vLLM issue #45014, the
   note in that function), and the plugin changes nothing on that path.
@@ -28,7 +28,7 @@ itself under PP + spec when left at ``auto``, see ``__post_init__``):
   requests per stage plus the next batch of the lane whose round is on its way.
 * ``VllmConfig.__post_init__`` (PP + spec): first, with ``--worker-cls auto``
   (vLLM's default), selects the plugin's worker where vLLM would run its V1
-  runner (:func:`select_worker`, :mod:`.worker_choice`; where vLLM picks Model
+  runner (:func:`.selection.select_worker`, :mod:`vllm_ppspec.worker_choice`; where vLLM picks Model
   Runner V2 it stays). Then selects the plugin's scheduler,
   :class:`vllm_ppspec.sched.filled.PPSpecScheduler` under sync scheduling (it
   applies each batch's drafts when that batch's output is processed) and
@@ -52,21 +52,13 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from vllm_ppspec import WORKER_QUALNAME, patches, policy
-from vllm_ppspec.patches.config import stop_grace
+from vllm_ppspec import patches, policy
+from vllm_ppspec.patches.config import selection, stop_grace
 from vllm_ppspec.patches.config.async_hold import hold_async, restore_async
+from vllm_ppspec.patches.config.refusals import pp_spec_unsupported
+from vllm_ppspec.patches.config.selection import select_worker
 from vllm_ppspec.policy import Mode
-from vllm_ppspec.worker_choice import (
-    AUTO_ENV,
-    SUPPORTED_PP_METHODS,
-    Choice,
-    Decision,
-    decide,
-    facts_of,
-    plugin_named,
-    v2_refusal,
-    v2_required,
-)
+from vllm_ppspec.worker_choice import plugin_named, v2_refusal, v2_required
 
 PP_ASYNC_REFUSAL = "pipeline parallelism with async scheduling"
 
@@ -81,69 +73,6 @@ ASYNC_KEPT_FLAG = "_vllm_ppspec_async_kept"
 
 def plugin_worker_selected(vllm_config: Any) -> bool:
     return plugin_named(getattr(vllm_config.parallel_config, "worker_cls", None))
-
-
-def pp_spec_unsupported(vllm_config: Any) -> list[str]:
-    """Reasons this PP or DP + speculative config cannot run with the plugin worker."""
-    spec = vllm_config.speculative_config
-    pp = vllm_config.parallel_config.pipeline_parallel_size
-    dp = vllm_config.parallel_config.data_parallel_size
-    if spec is None or (pp <= 1 and dp <= 1):
-        return []
-    reasons = []
-    if spec.method not in SUPPORTED_PP_METHODS:
-        reasons.append(
-            f"speculative method {spec.method!r} with pipeline or data parallelism under "
-            f"vllm-ppspec (supported: {', '.join(SUPPORTED_PP_METHODS)})"
-        )
-    if pp <= 1:
-        return reasons
-    model_config = vllm_config.model_config
-    if (
-        model_config is not None
-        and model_config.is_hybrid
-        and vllm_config.cache_config.enable_prefix_caching
-        and _on_cpu()
-    ):
-        reasons.append(
-            "prefix caching with a hybrid (GDN/Mamba) model and speculative decoding on "
-            "the CPU backend (its 'align' state copy needs Triton; pass "
-            "--no-enable-prefix-caching)"
-        )
-    if legacy_ray_async(vllm_config):
-        reasons.append(
-            "async scheduling with vLLM's legacy Ray executor under vllm-ppspec (it calls "
-            "sample_tokens on the last PP rank only, which both async modes need on every "
-            "rank): unset VLLM_USE_RAY_V2_EXECUTOR_BACKEND (vLLM's default RayExecutorV2 "
-            "runs it), drop --async-scheduling, or use --distributed-executor-backend mp"
-        )
-    if vllm_config.parallel_config.distributed_executor_backend == "external_launcher":
-        reasons.append(
-            "speculative decoding with the external_launcher PP mode under vllm-ppspec "
-            "(use --distributed-executor-backend mp)"
-        )
-    return reasons
-
-
-def legacy_ray_async(vllm_config: Any) -> bool:
-    """Async scheduling on vLLM's legacy ``RayDistributedExecutor``
-    (``VLLM_USE_RAY_V2_EXECUTOR_BACKEND=0``). vLLM's default Ray executor,
-    ``RayExecutorV2``, subclasses the mp executor and runs the plugin's worker
-    like it; the legacy one drives the runner itself and samples on the last
-    rank only, so the other ranks never post or receive a round. vLLM 0.33
-    removed the legacy one."""
-    import vllm.envs as envs
-
-    backend = vllm_config.parallel_config.distributed_executor_backend
-    # vLLM 0.33 has RayExecutorV2 only (no such switch): never the legacy one.
-    v2 = getattr(envs, "VLLM_USE_RAY_V2_EXECUTOR_BACKEND", True)
-    return backend == "ray" and bool(vllm_config.scheduler_config.async_scheduling) and not v2
-
-
-def _on_cpu() -> bool:
-    from vllm.platforms import current_platform
-
-    return bool(current_platform.is_cpu())
 
 
 def _wrap_unsupported_features(original: Any) -> Any:
@@ -212,68 +141,6 @@ def plugin_mode(vllm_config: Any) -> Mode:
         int(vllm_config.parallel_config.pipeline_parallel_size),
         bool(vllm_config.scheduler_config.async_scheduling),
     )
-
-
-AUTO_NOTICE = (
-    "vllm-ppspec: speculative decoding with pipeline or data parallelism and --worker-cls "
-    f"auto: selected the worker {WORKER_QUALNAME} ({AUTO_ENV}=0 keeps vLLM's own)"
-)
-V2_NOTICE = (
-    "vllm-ppspec: vLLM's Model Runner V2 serves this configuration (speculative decoding "
-    "with pipeline or data parallelism): the plugin leaves it alone ({why}; {auto}=always "
-    "selects the plugin's worker)"
-)
-PLATFORM_NOTICE = (
-    "vllm-ppspec: vLLM's own worker serves this configuration ({why}); the plugin changes nothing"
-)
-EXPLICIT_NOTICE = "vllm-ppspec: --worker-cls {worker}: {why}"
-FOREIGN_WARNING = (
-    "vllm-ppspec: --worker-cls {worker} with speculative decoding and pipeline or data "
-    "parallelism: vLLM's V1 runner (0.32, 0.33) fails there; vllm-ppspec leaves "
-    f"this worker alone (use --worker-cls auto or {WORKER_QUALNAME})"
-)
-
-# vLLM's own use_v2_model_runner getter, kept by install() before it is wrapped.
-_vllm_use_v2: Any = None
-
-
-def select_worker(vllm_config: Any) -> Decision:
-    """Who serves (:mod:`.worker_choice`), applied to ``worker_cls``.
-
-    Runs before vLLM's ``VllmConfig.__post_init__`` (whose platform hook turns
-    ``auto`` into vLLM's own worker), in every process that builds a config.
-    ``--worker-cls auto`` becomes the plugin's worker where the rule says so;
-    the plugin's worker named on a line where vLLM picks Model Runner V2 and
-    the plugin has nothing to do becomes ``auto`` again (vLLM's own worker
-    serves); a refusal (another platform, V2 required) raises ValueError here;
-    an explicit other worker is left alone, with a warning where it runs the
-    V1 runner. A ``VLLM_PPSPEC_AUTO`` value the plugin does not take is refused.
-    """
-    decision = decide(facts_of(vllm_config, _vllm_use_v2))
-    parallel = vllm_config.parallel_config
-    worker = parallel.worker_cls
-    if decision.choice is Choice.REFUSED:
-        raise ValueError(decision.why)
-    if decision.choice is Choice.PLUGIN and worker == "auto":
-        parallel.worker_cls = WORKER_QUALNAME
-        _log_once("info", AUTO_NOTICE)
-    elif decision.choice is Choice.VLLM_V2 and plugin_named(worker):
-        parallel.worker_cls = "auto"
-        _log_once("info", EXPLICIT_NOTICE.format(worker=worker, why=decision.why))
-    elif decision.choice is Choice.VLLM_V2 and worker == "auto":
-        _log_once("info", V2_NOTICE.format(why=decision.why, auto=AUTO_ENV))
-    elif decision.choice is Choice.OTHER_PLATFORM and worker == "auto":
-        _log_once("info", PLATFORM_NOTICE.format(why=decision.why))
-    elif decision.choice is Choice.VLLM_V1 and worker != "auto":
-        if vllm_config.speculative_config.method in SUPPORTED_PP_METHODS:
-            _log_once("warning", FOREIGN_WARNING.format(worker=worker))
-    return decision
-
-
-def _log_once(level: str, msg: str) -> None:
-    from vllm.logger import init_logger
-
-    getattr(init_logger("vllm.ppspec"), f"{level}_once")(msg)
 
 
 def _wrap_post_init(original: Any) -> Any:
@@ -359,8 +226,7 @@ def install() -> None:
     VllmConfig._get_v1_model_runner_unsupported_features = (  # type: ignore[method-assign]
         _wrap_unsupported_features(VllmConfig._get_v1_model_runner_unsupported_features)
     )
-    global _vllm_use_v2
-    _vllm_use_v2 = VllmConfig.__dict__["use_v2_model_runner"].fget
+    selection.vllm_use_v2 = VllmConfig.__dict__["use_v2_model_runner"].fget
     VllmConfig.use_v2_model_runner = _wrap_use_v2(  # type: ignore[method-assign,assignment]
         VllmConfig.__dict__["use_v2_model_runner"]
     )
