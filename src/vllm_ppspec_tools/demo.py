@@ -33,7 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from vllm_ppspec import WORKER_QUALNAME
-from vllm_ppspec.patches.config import AUTO_NOTICE
+from vllm_ppspec.patches.config.selection import AUTO_NOTICE
 from vllm_ppspec_tools import paths
 from vllm_ppspec_tools.fixtures import spec_configs
 from vllm_ppspec_tools.fixtures.run_offline import cpu_env
