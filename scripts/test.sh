@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set up .venv and .venv-0.33 (if needed), then run the whole test suite on
+# Set up .venv and .venv-0.33 (if needed; scripts/setup_all.sh), then run the whole test suite on
 # vLLM 0.32.0 (the unit tests, then the e2e tests) and the cases of
 # tests/on_vllm_0.33.txt on vLLM 0.33.0's Python (the overlay,
 # scripts/setup_overlay.sh), CPU backend. Arguments go to every pytest run
@@ -11,16 +11,10 @@ cd "$(dirname "$0")/.."
 source scripts/budget.sh
 budget_begin
 
-# The wheels download while the installs run.
-bash scripts/downloads.sh start vllm-0.33.0 smollm2
-
-# budget_run runs it inside a `||`, where bash ignores `set -e`: each command
-# says its own failure (tests/test_ci_steps.py).
-setup() {
-  bash scripts/setup.sh || return
-  bash scripts/downloads.sh wait vllm-0.33.0 || return
-  bash scripts/setup_overlay.sh
-}
+# PPSPEC_SET_UP=1: the caller has run scripts/setup_all.sh already (.ci/run does).
+if [ "${PPSPEC_SET_UP:-0}" != 1 ]; then
+  budget_run setup bash scripts/setup_all.sh || exit
+fi
 
 # A selection of the caller's (-k, a path) may leave one of the runs empty:
 # pytest's exit code 5 (no tests collected) then counts as passed.
@@ -33,16 +27,27 @@ pytest_run() {
 USER_ARGS=$#
 
 status=0
-budget_run setup setup
 PYTEST=(-m pytest -v -rA --durations=0)
-budget_run unit pytest_run .venv/bin/python "${PYTEST[@]}" -m "not e2e" "$@" tests || status=$?
+# The unit tests, two at a time (pytest-xdist; a file's tests stay on one
+# worker); the e2e tests one at a time: an engine takes both cores.
+UNIT=(-n 2 --dist loadfile)
+budget_run unit pytest_run .venv/bin/python "${PYTEST[@]}" "${UNIT[@]}" -m "not e2e" "$@" tests ||
+  status=$?
+# PPSPEC_WAIT_BEFORE_E2E: a file that gets an exit status when work started
+# beside the unit tests ends (.ci/run's drift check, gate and wheel); the e2e
+# tests wait for it, so that no engine shares the cores with that work.
+if [ -n "${PPSPEC_WAIT_BEFORE_E2E:-}" ]; then
+  while [ ! -s "$PPSPEC_WAIT_BEFORE_E2E" ]; do sleep 1; done
+fi
 # --e2e-budget: what is left of the whole run's budget (docs/testing.md, "The budget").
 budget_run e2e pytest_run .venv/bin/python "${PYTEST[@]}" -m e2e \
   --e2e-budget="$(budget_left)" "$@" tests || status=$?
 echo "== vLLM 0.33.0 (overlay): the cases of tests/on_vllm_0.33.txt =="
 mapfile -t cases < <(grep -v '^#' tests/on_vllm_0.33.txt)
+budget_run vllm-0.33 pytest_run .venv-0.33/bin/python "${PYTEST[@]}" "${UNIT[@]}" \
+  --expect-vllm=0.33.0 -m "not e2e" "$@" "${cases[@]}" || status=$?
 budget_run vllm-0.33 pytest_run .venv-0.33/bin/python "${PYTEST[@]}" --expect-vllm=0.33.0 \
-  --e2e-budget="$(budget_left)" "$@" "${cases[@]}" || status=$?
+  -m e2e --e2e-budget="$(budget_left)" "$@" "${cases[@]}" || status=$?
 if [ "$BUDGET_OWNER" = 1 ]; then
   budget_report || status=$?
 fi

@@ -23,7 +23,13 @@ import pytest
 from tests.conftest import REPO
 
 # The scripts under test, copied as they are.
-REAL = [".ci/run", "scripts/test.sh", "scripts/budget.sh", "tests/on_vllm_0.33.txt"]
+REAL = [
+    ".ci/run",
+    "scripts/test.sh",
+    "scripts/setup_all.sh",
+    "scripts/budget.sh",
+    "tests/on_vllm_0.33.txt",
+]
 # The stand-ins: run with bash (scripts) or executed (the interpreters).
 STAND_INS = [
     "scripts/setup.sh",
@@ -35,6 +41,9 @@ STAND_INS = [
 ]
 STAND_IN = """#!/usr/bin/env bash
 call="{name}${{*:+ $*}}"
+case "$call" in
+  "${{SLOW:-__none__}}"*) sleep 2 ;;
+esac
 echo "$call" >> "$CALLS"
 case "$call" in
   "{fail}"*) exit 7 ;;
@@ -43,9 +52,12 @@ exit 0
 """
 
 
-def _run(tmp_path: Path, script: str, fail: str) -> tuple[subprocess.CompletedProcess, list[str]]:
+def _run(
+    tmp_path: Path, script: str, fail: str, slow: str = "__none__"
+) -> tuple[subprocess.CompletedProcess, list[str]]:
     """Run ``script`` (a path in the tree) in a copy of the tree where each call
-    starting with ``fail`` exits 7; the result and every call made."""
+    starting with ``fail`` exits 7 and each starting with ``slow`` takes 2 s
+    before it is recorded; the result and every call made."""
     root = tmp_path / "repo"
     for path in REAL:
         (root / path).parent.mkdir(parents=True, exist_ok=True)
@@ -56,7 +68,7 @@ def _run(tmp_path: Path, script: str, fail: str) -> tuple[subprocess.CompletedPr
         (root / path).chmod(0o755)
     calls = tmp_path / "calls"
     calls.touch()
-    env = {**os.environ, "CALLS": str(calls), "TMPDIR": str(tmp_path)}
+    env = {**os.environ, "CALLS": str(calls), "TMPDIR": str(tmp_path), "SLOW": slow}
     env.pop("PPSPEC_BUDGET_FILE", None)
     out = subprocess.run(
         ["bash", str(root / script)],
@@ -131,3 +143,21 @@ def test_a_failing_setup_command_fails_the_test_run_before_any_test(tmp_path, fa
     assert out.returncode != 0, out.stdout + out.stderr
     assert not [c for c in calls if "pytest" in c], calls
     assert _codes(tmp_path) == {"setup": 7}
+
+
+def test_the_e2e_tests_start_after_the_work_beside_the_unit_tests_ends(tmp_path):
+    # .ci/run runs drift, gate and wheel beside the unit tests; scripts/test.sh
+    # waits for their status file before its first e2e run, even when the gate
+    # takes longer than the unit tests.
+    out, calls = _run(tmp_path, ".ci/run", NOTHING, slow=".venv/bin/python -m pre_commit")
+    assert out.returncode == 0, out.stdout + out.stderr
+    first_e2e = next(i for i, c in enumerate(calls) if "pytest" in c and "-m e2e" in c)
+    for beside in [
+        ".venv/bin/python -m vllm_ppspec_tools.drift 0.33.0",
+        ".venv/bin/python -m pre_commit run --all-files",
+        "scripts/check_wheel.sh",
+    ]:
+        (at,) = [i for i, c in enumerate(calls) if c.startswith(beside)]
+        assert at < first_e2e, (beside, calls)
+    unit = [c for c in calls if "pytest" in c and "not e2e" in c]
+    assert unit and all("-n 2" in c for c in unit), unit
