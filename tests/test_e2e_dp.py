@@ -199,6 +199,13 @@ def reference(models, tmp_path_factory) -> dict[str, list[list[int]]]:
 # drafter's dummy_run wrote K/V into that rank's live request through its stale
 # slot-mapping buffer (fixed: runner/drafter/dp_hook.py, clear_dummy_slots).
 
+# One API server process (--api-server-count 1) wherever a case does not test
+# vLLM's default for DP, which is one spawned API server per DP rank: about 9 s
+# less per start-up here (testing.md, "Where an e2e test's time goes"). The
+# plain line (dp2pp1-draft_moe-sync) and the stock worker's failure keep the
+# default.
+ONE_API_SERVER = ["--api-server-count", "1"]
+
 SHAPES = [
     # (dp, pp, method, async scheduling)
     (2, 1, "draft_moe", False),
@@ -229,6 +236,7 @@ def test_dp_spec_scenarios_match_dp1_without_spec(
         # No --worker-cls: the plain line, where --worker-cls auto selects the
         # plugin's worker for DP + spec at PP=1 too (worker_choice.py).
         "--async-scheduling" if async_sched else "--no-async-scheduling",
+        *([] if (dp, pp, method, async_sched) == SHAPES[0] else ONE_API_SERVER),
     ]
     t0 = time.monotonic()
     srv = _start(f"dp{dp}pp{pp}-{method}", args, cpu_env(pp, dp), tmp_path)
@@ -298,6 +306,7 @@ def test_dp_disagreement_on_one_rank_stops_the_engine_within_the_bound(models, t
         "--worker-cls",
         WORKER_QUALNAME,
         "--no-async-scheduling",
+        *ONE_API_SERVER,
     ]
     env = {**cpu_env(1, 2), "VLLM_PPSPEC_FAULT": "dp_disagree@3"}
     srv = _start("dp2-disagree", args, env, tmp_path)
@@ -412,6 +421,7 @@ def test_dp2_pp2_mtp_with_a_moe_mtp_layer_follows_the_planted_rule(models, tmp_p
         "--worker-cls",
         WORKER_QUALNAME,
         "--async-scheduling" if async_sched else "--no-async-scheduling",
+        *ONE_API_SERVER,
     ]
     srv = _start("dp2pp2-hybrid-mtp", args, cpu_env(2, 2), tmp_path)
     try:

@@ -298,7 +298,7 @@ class Pipeline:
                     )
             if self.health() == 200:
                 return
-            time.sleep(1)
+            time.sleep(0.2)
         raise TimeoutError("\n".join(p.read_text()[-3000:] for p in self.logs))
 
     def health(self) -> int:
