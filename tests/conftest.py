@@ -29,6 +29,22 @@ MODELS_DIR = Path(os.environ.get("PPSPEC_MODELS_DIR", REPO / ".cache" / "models"
 # passes PPSPEC_VLLM_START=spawn in its job's or server's environment.
 os.environ.setdefault("PPSPEC_VLLM_START", "fork")
 
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_fork_server(tmp_path_factory):
+    """The tools the tests run as subprocesses (demo, soak, bench) fork their
+    ``vllm serve`` processes from this session's fork server
+    (fixtures/forkserver_relay.py) instead of starting one each."""
+    from vllm_ppspec_tools.fixtures import forkserver, forkserver_relay
+
+    path = str(tmp_path_factory.mktemp("forkserver") / "relay.sock")
+    sock = forkserver_relay.listen(forkserver._SERVER, path)
+    os.environ[forkserver_relay.ENV] = forkserver_relay.announce(path)
+    yield path
+    os.environ.pop(forkserver_relay.ENV, None)
+    sock.close()
+
+
 # The PP=1 references several files compare against, made once per run.
 pytest_plugins = ["tests.references"]
 
