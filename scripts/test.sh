@@ -11,8 +11,12 @@ cd "$(dirname "$0")/.."
 source scripts/budget.sh
 budget_begin
 
-# PPSPEC_SET_UP=1: the caller has run scripts/setup_all.sh already (.ci/run does).
-if [ "${PPSPEC_SET_UP:-0}" != 1 ]; then
+# Set by .ci/run for this run only (not passed on to the tests):
+# PPSPEC_SET_UP=1, it has run the set-up already; PPSPEC_WAIT_BEFORE_E2E, below.
+set_up=${PPSPEC_SET_UP:-0}
+wait_before_e2e=${PPSPEC_WAIT_BEFORE_E2E:-}
+unset PPSPEC_SET_UP PPSPEC_WAIT_BEFORE_E2E
+if [ "$set_up" != 1 ]; then
   budget_run setup bash scripts/setup_all.sh || exit
 fi
 
@@ -36,8 +40,8 @@ budget_run unit pytest_run .venv/bin/python "${PYTEST[@]}" "${UNIT[@]}" -m "not 
 # PPSPEC_WAIT_BEFORE_E2E: a file that gets an exit status when work started
 # beside the unit tests ends (.ci/run's drift check, gate and wheel); the e2e
 # tests wait for it, so that no engine shares the cores with that work.
-if [ -n "${PPSPEC_WAIT_BEFORE_E2E:-}" ]; then
-  while [ ! -s "$PPSPEC_WAIT_BEFORE_E2E" ]; do sleep 1; done
+if [ -n "$wait_before_e2e" ]; then
+  while [ ! -s "$wait_before_e2e" ]; do sleep 1; done
 fi
 # --e2e-budget: what is left of the whole run's budget (docs/testing.md, "The budget").
 budget_run e2e pytest_run .venv/bin/python "${PYTEST[@]}" -m e2e \
