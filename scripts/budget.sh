@@ -4,16 +4,21 @@
 #
 #   budget_begin                 start the record (only if no caller started one)
 #   budget_run PART CMD...       run CMD, add "PART seconds exit-code" to the record
-#   budget_left                  seconds left of BUDGET_TOTAL (pytest's --e2e-budget:
-#                                an e2e run fails as soon as the whole run is over)
-#   budget_report                print the table; non-zero when the whole run is
-#                                over BUDGET_TOTAL
+#   budget_left                  seconds left of BUDGET_LIMIT (pytest's --e2e-budget:
+#                                an e2e run fails once the whole run is past the limit)
+#   budget_report                print the table, and a warning when the whole run is
+#                                over BUDGET_TOTAL; non-zero only past BUDGET_LIMIT
 #
 # The record is the file $PPSPEC_BUDGET_FILE; its first line is "start EPOCH".
-# A part run twice counts twice. The parts' budgets add up to BUDGET_TOTAL;
-# a part over its own budget is marked in the table, the run fails on the total.
+# A part run twice counts twice. The parts' budgets add up to BUDGET_TOTAL,
+# the goal (40 minutes): a part over its own budget is marked in the table and
+# a run over the goal is warned about. The run fails on time only past
+# BUDGET_LIMIT, which leaves CI's own limit (5400 s for .ci/run) 600 s for
+# the clone, the teardown and a slow machine: a run that passes every test on
+# a noisy machine lands.
 
 BUDGET_TOTAL=2400
+BUDGET_LIMIT=4800
 BUDGET_PARTS=(setup unit e2e vllm-0.33 drift gate wheel)
 declare -A BUDGET_SECONDS=(
   [setup]=330     # scripts/setup.sh + scripts/setup_overlay.sh, downloads alongside
@@ -51,7 +56,7 @@ budget_elapsed() {
 }
 
 budget_left() {
-  echo $((BUDGET_TOTAL - $(budget_elapsed)))
+  echo $((BUDGET_LIMIT - $(budget_elapsed)))
 }
 
 budget_report() {
@@ -71,10 +76,15 @@ budget_report() {
     printf '%-12s %8s %8s%s\n' "$part" "$seconds" "$budget" "$mark"
   done
   printf '%-12s %8s\n' "(parts)" "$sum"
-  if [ "$whole" -gt "$BUDGET_TOTAL" ]; then
-    printf '%-12s %8s %8s  OVER BUDGET: the whole run must stay within %s s\n' \
-      "whole run" "$whole" "$BUDGET_TOTAL" "$BUDGET_TOTAL"
+  if [ "$whole" -gt "$BUDGET_LIMIT" ]; then
+    printf '%-12s %8s %8s  OVER THE LIMIT: the whole run must end within %s s\n' \
+      "whole run" "$whole" "$BUDGET_TOTAL" "$BUDGET_LIMIT"
     return 1
+  fi
+  if [ "$whole" -gt "$BUDGET_TOTAL" ]; then
+    printf '%-12s %8s %8s  over the goal of %s s (not a failure below %s s): share engine start-ups\n' \
+      "whole run" "$whole" "$BUDGET_TOTAL" "$BUDGET_TOTAL" "$BUDGET_LIMIT"
+    return 0
   fi
   printf '%-12s %8s %8s\n' "whole run" "$whole" "$BUDGET_TOTAL"
 }

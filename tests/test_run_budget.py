@@ -50,22 +50,33 @@ def test_the_table_adds_up_each_part_and_marks_a_part_over_its_budget(tmp_path):
     assert run == "run" and 100 <= int(seconds) <= 110 and budget == "2400"
 
 
-def test_a_run_over_the_whole_budget_fails(tmp_path):
+def test_a_run_over_the_goal_warns_and_only_a_run_past_the_limit_fails(tmp_path):
     record = tmp_path / "record"
     record.write_text(f"start {int(time.time()) - 2390}\ne2e 10 0\n")
     out = _bash("budget_report", str(record))
     assert out.returncode == 0, out.stdout
-    record.write_text(f"start {int(time.time()) - 2410}\ne2e 10 0\n")
+    assert "over the goal" not in out.stdout
+    # 2496 s with every test passing failed a landing before: now a warning.
+    record.write_text(f"start {int(time.time()) - 2496}\ne2e 10 0\n")
+    out = _bash("budget_report", str(record))
+    assert out.returncode == 0, out.stdout
+    assert "over the goal of 2400 s (not a failure below 4800 s)" in out.stdout
+    record.write_text(f"start {int(time.time()) - 4810}\ne2e 10 0\n")
     out = _bash("budget_report", str(record))
     assert out.returncode == 1
-    assert "OVER BUDGET: the whole run must stay within 2400 s" in out.stdout
+    assert "OVER THE LIMIT: the whole run must end within 4800 s" in out.stdout
 
 
-def test_an_e2e_run_gets_what_is_left_of_the_whole_budget(tmp_path):
+def test_the_limit_leaves_ci_time_for_the_clone_and_teardown():
+    limit = int(_bash("echo $BUDGET_LIMIT").stdout)
+    assert 2400 < limit <= 5400 - 600
+
+
+def test_an_e2e_run_gets_what_is_left_of_the_limit(tmp_path):
     record = tmp_path / "record"
     record.write_text(f"start {int(time.time()) - 300}\n")
     left = int(_bash("budget_left", str(record)).stdout)
-    assert 2400 - 300 - 2 <= left <= 2400 - 300
+    assert 4800 - 300 - 2 <= left <= 4800 - 300
 
 
 def test_budget_run_records_the_part_its_time_and_its_exit_code(tmp_path):
