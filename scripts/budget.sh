@@ -19,13 +19,14 @@
 
 BUDGET_TOTAL=2400
 BUDGET_LIMIT=4800
-BUDGET_PARTS=(setup unit e2e vllm-0.33 drift gate wheel)
+BUDGET_PARTS=(setup unit e2e vllm-0.33 vllm-0.34 drift gate wheel)
 declare -A BUDGET_SECONDS=(
   [setup]=330     # scripts/setup.sh + scripts/setup_overlay.sh, downloads alongside
   [unit]=210      # pytest -m "not e2e" on vLLM 0.32.0
-  [e2e]=1320      # pytest -m e2e on vLLM 0.32.0 (its --e2e-budget too)
+  [e2e]=1290      # pytest -m e2e on vLLM 0.32.0 (its --e2e-budget too)
   [vllm-0.33]=350 # tests/on_vllm_0.33.txt on the overlay (its --e2e-budget too)
-  [drift]=60      # vllm_ppspec_tools.drift for each supported release
+  [vllm-0.34]=30  # tests/on_vllm_0.34.txt on the 0.34 overlay (no engine)
+  [drift]=60      # vllm_ppspec_tools.drift of 0.32.0, 0.33.0 and 0.34.0
   [gate]=90       # pre-commit run --all-files: ruff, ruff format, mypy on src/ (.ci/run)
   [wheel]=40      # scripts/check_wheel.sh
 )

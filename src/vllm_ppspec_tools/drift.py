@@ -18,6 +18,14 @@ the reference version, ``version_data.REFERENCE_VLLM_VERSION``):
   classes: found from their MRO) or wraps (``vllm_ppspec.patches.PATCHED_NAMES``):
   the same source as installed, or changed, with the diff.
 
+It prints a verdict first: supported, "not supported: the V1 runner is
+removed" (a release without ``vllm/v1/worker/gpu_model_runner.py``, 0.34.0
+on), or not supported. On a release without the V1 runner a name in one of the
+V1 runner's modules (``v2_runner_data.V1_RUNNER_MODULES``) is explained by the
+removal, and it also lists what the plugin would need of Model Runner V2
+(``v2_runner_data.V2_RUNNER_NAMES``, docs/on-model-runner-v2.md): present,
+with its file and line, or missing (drift).
+
 Exits 1 on any drift that ``version_data.EXPLAINED_DRIFT[VERSION]`` does not
 explain, 0 otherwise. A name reached only at run time (an attribute set on a
 function object, such as torch.compile's ``_torchdynamo_orig_callable``) is
@@ -27,157 +35,23 @@ reported as such and not counted.
 from __future__ import annotations
 
 import argparse
-import ast
 import difflib
 import hashlib
 import inspect
 import os
 import subprocess
 import sys
-import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+# The reader, re-exported: the tests and check() use these names from here.
+from vllm_ppspec_tools.drift_sources import Found, Node, Sources, find, node_source
+
+__all__ = ["Found", "Node", "Sources", "check", "find", "main", "node_source", "short_hash"]
+
 DEFAULT_CACHE = Path(os.environ.get("VLLM_PPSPEC_CACHE", Path.home() / ".cache" / "vllm-ppspec"))
-
-Node = ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef
-
-
-class Sources:
-    """The ``.py`` files of one vLLM release: a wheel (zip) or a directory above ``vllm/``."""
-
-    def __init__(self, read: Callable[[str], str | None]):
-        self._read = read
-        self._trees: dict[str, tuple[str, ast.Module] | None] = {}
-
-    @classmethod
-    def of_wheel(cls, wheel: Path) -> Sources:
-        archive = zipfile.ZipFile(wheel)
-        names = set(archive.namelist())
-
-        def read(path: str) -> str | None:
-            return archive.read(path).decode() if path in names else None
-
-        return cls(read)
-
-    @classmethod
-    def of_dir(cls, root: Path) -> Sources:
-        def read(path: str) -> str | None:
-            file = root / path
-            return file.read_text() if file.is_file() else None
-
-        return cls(read)
-
-    def module(self, name: str) -> tuple[str, ast.Module] | None:
-        """(text, tree) of a module, or None if the release has no such module."""
-        if name not in self._trees:
-            base = name.replace(".", "/")
-            text = self._read(base + ".py")
-            if text is None:
-                text = self._read(base + "/__init__.py")
-            self._trees[name] = None if text is None else (text, ast.parse(text))
-        return self._trees[name]
-
-
-@dataclass
-class Found:
-    """Where an attribute path led: a def/class node, or why it stopped."""
-
-    text: str = ""
-    node: Node | None = None
-    other: bool = False  # an assignment or import: present, no source to compare
-    runtime_only: bool = False  # an attribute of a function object
-    missing: str = ""
-
-
-def _member(body: list[ast.stmt], name: str) -> ast.stmt | None:
-    """The last statement of ``body`` that binds ``name`` (def, class, assignment, import)."""
-    hit: ast.stmt | None = None
-    for stmt in body:
-        if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            if stmt.name == name:
-                hit = stmt
-        elif isinstance(stmt, ast.Assign | ast.AnnAssign):
-            targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
-            if any(isinstance(t, ast.Name) and t.id == name for t in targets):
-                hit = stmt
-        elif isinstance(stmt, ast.ImportFrom | ast.Import):
-            if any((a.asname or a.name).split(".")[0] == name for a in stmt.names):
-                hit = stmt
-        elif isinstance(stmt, ast.If | ast.Try):
-            inner = _member(list(ast.iter_child_nodes(stmt)), name)  # type: ignore[arg-type]
-            hit = inner or hit
-    return hit
-
-
-def _imported_module(stmt: ast.ImportFrom, module: str) -> str:
-    if not stmt.level:
-        return stmt.module or ""
-    package = module.split(".")[: -stmt.level]
-    return ".".join(package + ([stmt.module] if stmt.module else []))
-
-
-def find(sources: Sources, module: str, path: str, depth: int = 0) -> Found:
-    """Follow ``path`` (``Class.method``) in ``module``, through ``from x import y``
-    and through base classes defined in the release."""
-    loaded = sources.module(module)
-    if loaded is None:
-        return Found(missing=f"{module} (module)")
-    text, tree = loaded
-    head, _, rest = path.partition(".")
-    stmt = _member(tree.body, head)
-    if stmt is None:
-        return Found(missing=f"{module}:{path}")
-    if isinstance(stmt, ast.ImportFrom) and depth < 5:
-        alias = next(a for a in stmt.names if (a.asname or a.name) == head)
-        target = _imported_module(stmt, module)
-        return find(sources, target, alias.name + ("." + rest if rest else ""), depth + 1)
-    node: ast.stmt = stmt
-    while rest:
-        head, _, rest = rest.partition(".")
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-            return Found(runtime_only=True)
-        if not isinstance(node, ast.ClassDef):
-            return Found(other=True)
-        member = _member(node.body, head)
-        if member is None:
-            tail = head + ("." + rest if rest else "")
-            inherited = _from_bases(sources, module, tree, node, tail)
-            if inherited is not None:
-                return inherited
-            return Found(missing=f"{module}:{path}")
-        node = member
-    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-        return Found(text=text, node=node)
-    return Found(other=True)
-
-
-def _from_bases(
-    sources: Sources, module: str, tree: ast.Module, cls: ast.ClassDef, path: str
-) -> Found | None:
-    for base in cls.bases:
-        if isinstance(base, ast.Name):
-            stmt = _member(tree.body, base.id)
-            if isinstance(stmt, ast.ClassDef):
-                found = find(sources, module, f"{base.id}.{path}", 1)
-            elif isinstance(stmt, ast.ImportFrom):
-                alias = next(a for a in stmt.names if (a.asname or a.name) == base.id)
-                found = find(sources, _imported_module(stmt, module), f"{alias.name}.{path}", 1)
-            else:
-                continue
-            if not found.missing:
-                return found
-    return None
-
-
-def node_source(text: str, node: Node) -> str:
-    """The node's lines as ``inspect.getsource`` returns them (decorators included)."""
-    lines = text.splitlines(keepends=True)
-    start = min([node.lineno] + [d.lineno for d in node.decorator_list])
-    assert node.end_lineno is not None
-    return "".join(lines[start - 1 : node.end_lineno])
 
 
 def short_hash(source: str) -> str:
@@ -239,11 +113,17 @@ def installed_source(module: str, qualname: str) -> str:
 class Report:
     version: str
     explained: dict[str, str]
+    verdict: str = ""
     lines: list[str] = field(default_factory=list)
     drift: list[str] = field(default_factory=list)
+    # Modules gone from the release whose names are explained by that (module -> why).
+    removed_modules: dict[str, str] = field(default_factory=dict)
 
     def add(self, key: str, what: str, diff: str = "") -> None:
         why = self.explained.get(key)
+        module = key.split(":")[0]
+        if why is None and what.startswith("missing") and module in self.removed_modules:
+            why = self.removed_modules[module]
         if why is None:
             self.drift.append(key)
             self.lines.append(f"  DRIFT {key}: {what}")
@@ -266,8 +146,10 @@ def _diff(old: str, new: str, name: str, version: str, pinned: str) -> str:
 
 def check(sources: Sources, version: str) -> Report:
     from vllm_ppspec import patches
+    from vllm_ppspec import v2_runner_data as v2
     from vllm_ppspec import version_data as data
     from vllm_ppspec import version_guard as guard
+    from vllm_ppspec.no_v1_runner import V1_RUNNER_MODULE
 
     pinned = data.REFERENCE_VLLM_VERSION
     if guard.installed_vllm_version() != pinned:
@@ -276,6 +158,18 @@ def check(sources: Sources, version: str) -> Report:
             f"here is {guard.installed_vllm_version()}: run it in the project's .venv"
         )
     report = Report(version, dict(data.EXPLAINED_DRIFT.get(version, {})))
+    v1_removed = sources.module(V1_RUNNER_MODULE) is None
+    if version in data.SUPPORTED_VLLM_VERSIONS:
+        report.verdict = "supported"
+    elif v1_removed:
+        report.verdict = "not supported: the V1 runner is removed"
+        report.removed_modules = {
+            m: v2.REMOVED_WITH_THE_V1_RUNNER
+            for m in v2.V1_RUNNER_MODULES
+            if sources.module(m) is None
+        }
+    else:
+        report.verdict = f"not supported (the plugin serves {guard.supported_text()})"
 
     report.lines.append(f"private names ({len(guard.PRIVATE_NAMES)}):")
     for module, path in guard.PRIVATE_NAMES:
@@ -321,7 +215,34 @@ def check(sources: Sources, version: str) -> Report:
         else:
             diff = _diff(old, new, key, version, pinned)
             report.add(key, "changed (overridden or wrapped)", diff)
+    if v1_removed:
+        check_v2_names(sources, report)
     return report
+
+
+def check_v2_names(sources: Sources, report: Report) -> None:
+    """What the plugin would need of Model Runner V2: each name present, with
+    its file and line, or missing (drift)."""
+    from vllm_ppspec.v2_runner_data import V2_RUNNER_NAMES as names
+
+    report.lines.append(
+        f"what the plugin would need of Model Runner V2 (docs/on-model-runner-v2.md) "
+        f"({len(names)}):"
+    )
+    for module, qualname in names:
+        key = f"{module}:{qualname}"
+        found = find(sources, module, qualname)
+        if found.node is None and not found.other:
+            report.add(key, f"missing ({found.missing or 'not a definition'})")
+            continue
+        line = f" ({where(found)})" if found.node is not None else ""
+        report.lines.append(f"  present {key}{line}")
+
+
+def where(found: Found) -> str:
+    """``path.py:line`` of a found definition (its ``def`` or ``class`` line)."""
+    assert found.node is not None
+    return f"{found.path}:{found.node.lineno}"
 
 
 def download(version: str, cache: Path) -> Path:
@@ -355,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
         sources, origin = Sources.of_wheel(wheel), str(wheel)
     report = check(sources, args.version)
     print(f"vLLM {args.version} ({origin}) against the reference vLLM and this plugin:")
+    print(f"verdict: {report.verdict}")
     print("\n".join(report.lines))
     if report.drift:
         print(f"UNEXPLAINED DRIFT: {len(report.drift)}: " + ", ".join(report.drift))
