@@ -334,17 +334,28 @@ def test_engine_post_step_skips_the_blocking_draft_fetch_with_the_plugin_schedul
 
 
 def _pp_spec_namespace(
-    backend: str, async_scheduling: bool, method: str = "draft_model", pp: int = 2, dp: int = 1
+    backend: str,
+    async_scheduling: bool,
+    method: str = "draft_model",
+    pp: int = 2,
+    dp: int = 1,
+    moe: bool = False,
 ):
+    """A config with the plugin's worker selected, as the refusals read it."""
     from types import SimpleNamespace
+
+    from vllm_ppspec import WORKER_QUALNAME
 
     return SimpleNamespace(
         speculative_config=SimpleNamespace(method=method),
         parallel_config=SimpleNamespace(
-            pipeline_parallel_size=pp, data_parallel_size=dp, distributed_executor_backend=backend
+            pipeline_parallel_size=pp,
+            data_parallel_size=dp,
+            distributed_executor_backend=backend,
+            worker_cls=WORKER_QUALNAME,
         ),
         scheduler_config=SimpleNamespace(async_scheduling=async_scheduling),
-        model_config=None,
+        model_config=SimpleNamespace(is_moe=moe, is_hybrid=False),
         cache_config=SimpleNamespace(enable_prefix_caching=False),
     )
 
@@ -374,16 +385,27 @@ def test_async_with_the_legacy_ray_executor_is_refused_and_ray_v2_is_not(monkeyp
     assert not legacy_ray_async(_pp_spec_namespace("mp", True))
 
 
-@pytest.mark.parametrize(("pp", "dp"), [(2, 1), (1, 2), (2, 2)])
-def test_a_method_the_plugin_does_not_run_is_refused_with_its_worker_under_pp_or_dp(pp, dp):
+@pytest.mark.parametrize(
+    ("pp", "dp", "moe"), [(2, 1, False), (1, 2, True), (2, 2, False), (2, 2, True)]
+)
+def test_a_method_the_plugin_does_not_run_is_refused_with_its_worker_where_it_acts(pp, dp, moe):
+    from vllm_ppspec.patches.config.refusals import pp_spec_unsupported
+    from vllm_ppspec.worker_choice import SUPPORTED_PP_METHODS
+
+    reasons = pp_spec_unsupported(_pp_spec_namespace("mp", False, "suffix", pp, dp, moe))
+    assert reasons == [
+        "speculative method 'suffix' with pipeline parallelism, or data parallelism on a "
+        f"MoE model, under vllm-ppspec (supported: {', '.join(SUPPORTED_PP_METHODS)})"
+    ]
+
+
+@pytest.mark.parametrize(("pp", "dp", "moe"), [(1, 1, False), (1, 2, False), (1, 1, True)])
+def test_the_plugins_worker_named_off_its_lines_refuses_nothing(pp, dp, moe):
+    """PP = 1 with a dense DP (independent DP=1 engines) or no DP: the plugin's
+    worker runs as vLLM's own V1 worker, whatever the method."""
     from vllm_ppspec.patches.config.refusals import pp_spec_unsupported
 
-    reasons = pp_spec_unsupported(_pp_spec_namespace("mp", False, "suffix", pp, dp))
-    assert reasons == [
-        "speculative method 'suffix' with pipeline or data parallelism under vllm-ppspec "
-        "(supported: ngram, draft_model, eagle, eagle3, mtp)"
-    ]
-    assert pp_spec_unsupported(_pp_spec_namespace("mp", False, "suffix", 1, 1)) == []
+    assert pp_spec_unsupported(_pp_spec_namespace("mp", False, "suffix", pp, dp, moe)) == []
 
 
 # vLLM's explicit-async refusals other than PP: each version's own message, the

@@ -1,9 +1,21 @@
-"""Every rank of a deployment serves the same way (``patches/config/deployment_check.py``):
-ranks (hosts, DP replicas) that decided differently who serves are refused on
-every rank within seconds, naming the decision and the setting that differ; the
-same decision from different settings agrees; vLLM's release is compared
-without its local label. Plain gloo ranks; the two-host case is in
-tests/test_e2e_two_hosts.py."""
+"""Every rank of a line the plugin serves decided the same (``patches/config/deployment_check.py``).
+
+Each case runs the check as vLLM's workers do: right after vLLM's
+``initialize_model_parallel`` (the wrapper the config patches install), on
+plain gloo ranks with vLLM's groups, the current config a stand-in:
+
+* a rank that decided otherwise (another worker, no spec config) is refused
+  on every rank within seconds, naming the setting and its host; the rank
+  that decided otherwise does not wait, and is ended by its watch;
+* a rank without the plugin (it posts nothing) is named after
+  ``VLLM_PPSPEC_STARTUP_TIMEOUT``, as a host without vllm-ppspec;
+* a line where the plugin does not act (vLLM's Model Runner V2 picked) starts
+  at once, also beside a rank without the plugin;
+* the same decision from different settings agrees; vLLM's release is
+  compared without its local label.
+
+The two-host case is in tests/test_e2e_two_hosts.py.
+"""
 
 from __future__ import annotations
 
@@ -14,59 +26,127 @@ from types import SimpleNamespace
 
 from tests.distributed import run_ranks
 from vllm_ppspec import WORKER_QUALNAME
-from vllm_ppspec.patches.config.deployment_check import DeploymentMismatchError, check, verdict
+from vllm_ppspec.patches.config.deployment_check import DeploymentMismatchError, verdict
 
 CPU_WORKER = "vllm.v1.worker.cpu_worker.CPUWorker"
+NO_PLUGIN = "no plugin"  # a rank that never runs the check (vllm-ppspec not installed)
 
 
-def _config(worker: str, v2: bool = False) -> SimpleNamespace:
+def _config(worker: str, v2: bool = False, spec: bool = True) -> SimpleNamespace:
     return SimpleNamespace(
         parallel_config=SimpleNamespace(
-            worker_cls=worker, pipeline_parallel_size=2, data_parallel_size=1
+            worker_cls=worker, pipeline_parallel_size=2, data_parallel_size=1, nnodes=1
         ),
-        speculative_config=SimpleNamespace(method="draft_model"),
+        speculative_config=SimpleNamespace(method="draft_model") if spec else None,
+        scheduler_config=SimpleNamespace(async_scheduling=False),
+        model_config=SimpleNamespace(is_moe=False),
         use_v2_model_runner=v2,
     )
 
 
-def _rank(per_rank: dict[int, tuple[str, str, dict[str, str]]], rank: int, world: int) -> str:
-    import torch.distributed as dist
+def _rank(per_rank: dict, hold_s: float, rank: int, world: int) -> str:
+    """One rank: the check as vLLM's workers run it. Returns what happened."""
+    import vllm.config
 
-    worker, mode, env = per_rank[rank]
+    from vllm_ppspec.patches.config import deployment_check
+
+    cfg, env = per_rank[rank]
+    if cfg == NO_PLUGIN:
+        time.sleep(hold_s)  # alive (rank 0 holds the store), but never posts
+        return "no plugin"
     os.environ.update(env)
+    ended: list[str] = []
+    deployment_check.end_process = ended.append  # the watch's end, recorded
+    vllm.config.get_current_vllm_config_or_none = lambda: cfg
     start = time.monotonic()
     try:
-        check(_config(worker), dist.group.WORLD, mode)
+        deployment_check._wrap(lambda: None)()
     except DeploymentMismatchError as e:
         return f"refused after {time.monotonic() - start:.1f} s: {e}"
-    return "agreed"
+    started = time.monotonic() - start
+    while not ended and time.monotonic() - start < hold_s:
+        time.sleep(0.05)
+    if ended:
+        ended_s = time.monotonic() - start
+        return f"started after {started:.1f} s; ended after {ended_s:.1f} s: {ended[0]}"
+    return f"started after {started:.1f} s"
 
 
-def _run(per_rank):
-    return run_ranks(functools.partial(_rank, per_rank), world=len(per_rank), timeout=60)
+def _run(per_rank: dict, hold_s: float = 8.0, timeout_s: str = "60") -> list:
+    os.environ["VLLM_PPSPEC_STARTUP_TIMEOUT"] = timeout_s
+    try:
+        return run_ranks(
+            functools.partial(_rank, per_rank, hold_s),
+            world=len(per_rank),
+            timeout=90,
+            vllm_groups=True,
+        )
+    finally:
+        del os.environ["VLLM_PPSPEC_STARTUP_TIMEOUT"]
 
 
-def test_a_host_that_kept_vllms_worker_is_refused_on_every_rank_naming_the_setting():
+def _seconds(msg: str, word: str) -> float:
+    return float(msg.split(f"{word} after ")[1].split()[0])
+
+
+def test_a_host_that_decided_otherwise_is_refused_on_every_rank_naming_host_and_setting():
     per_rank = {
-        0: (WORKER_QUALNAME, "sync", {}),
-        1: (CPU_WORKER, "off", {"VLLM_PPSPEC_AUTO": "0"}),
+        0: (_config(WORKER_QUALNAME), {}),
+        1: (_config(CPU_WORKER), {"VLLM_PPSPEC_AUTO": "0"}),
     }
-    results = _run(per_rank)
-    for r in results:
-        msg = str(r.value)
-        assert r.error is None and msg.startswith("refused"), (r.rank, r.message)
+    r0, r1 = _run(per_rank)
+    assert r0.error is None and r1.error is None, (r0.message, r1.message)
+    for msg in (r0.value, r1.value):
+        assert "decided differently who serves" in msg, msg
         assert f"worker (rank 0: '{WORKER_QUALNAME}', rank 1: '{CPU_WORKER}')" in msg, msg
         assert "mode (rank 0: 'sync', rank 1: 'off')" in msg, msg
         assert "$VLLM_PPSPEC_AUTO (rank 0: '<unset>', rank 1: '0')" in msg, msg
-        assert float(msg.split()[2]) < 5.0, msg  # at once, not after a timeout
+        assert "Decided otherwise: rank 1 on host " in msg, msg
+        assert "not installed" not in msg, msg
+    assert r0.value.startswith("refused") and _seconds(r0.value, "refused") < 10.0, r0.value
+    # The rank that decided otherwise did not wait, and its watch ended it.
+    assert _seconds(r1.value, "started") < 1.0 and _seconds(r1.value, "ended") < 10.0, r1.value
+
+
+def test_a_host_with_no_spec_config_is_named_at_once_not_as_a_host_without_the_plugin():
+    per_rank = {
+        0: (_config(WORKER_QUALNAME), {}),
+        1: (_config(CPU_WORKER, spec=False), {}),
+    }
+    r0, r1 = _run(per_rank)
+    assert r0.value.startswith("refused") and _seconds(r0.value, "refused") < 10.0, r0
+    for msg in (r0.value, r1.value):
+        assert "speculative method (rank 0: 'draft_model', rank 1: '<none>')" in msg, msg
+        assert "Decided otherwise: rank 1 on host " in msg, msg
+    assert "ended after" in r1.value, r1.value
+
+
+def test_a_host_without_the_plugin_is_named_after_the_timeout_as_such():
+    per_rank = {0: (_config(WORKER_QUALNAME), {}), 1: (NO_PLUGIN, {})}
+    r0, _ = _run(per_rank, hold_s=10.0, timeout_s="3")
+    msg = str(r0.value)
+    assert msg.startswith("refused"), r0
+    assert 3.0 <= _seconds(msg, "refused") < 8.0, msg
+    assert "rank 1 posted no decision within 3 s" in msg, msg
+    assert "vllm-ppspec is not installed on that host" in msg, msg
+
+
+def test_a_line_vllms_v2_serves_starts_at_once_beside_a_host_without_the_plugin():
+    """vLLM picked Model Runner V2 where the plugin is installed: nothing
+    waits and nothing is refused (the plugin would change nothing there)."""
+    per_rank = {0: (_config(CPU_WORKER, v2=True), {}), 1: (NO_PLUGIN, {})}
+    r0, _ = _run(per_rank, hold_s=6.0, timeout_s="3")
+    assert r0.error is None and r0.value.startswith("started after"), r0
+    assert _seconds(r0.value, "started") < 1.0 and "ended" not in r0.value, r0.value
 
 
 def test_the_same_decision_from_different_settings_agrees():
     per_rank = {
-        0: (WORKER_QUALNAME, "sync", {"VLLM_PPSPEC_AUTO": "1"}),
-        1: (WORKER_QUALNAME, "sync", {"VLLM_PPSPEC_AUTO": "yes"}),
+        0: (_config(WORKER_QUALNAME), {"VLLM_PPSPEC_AUTO": "1"}),
+        1: (_config(WORKER_QUALNAME), {"VLLM_PPSPEC_AUTO": "yes"}),
     }
-    assert [r.value for r in _run(per_rank)] == ["agreed", "agreed"]
+    results = _run(per_rank, hold_s=0.0)
+    assert [r.value.split(" after ")[0] for r in results] == ["started", "started"], results
 
 
 def _decision(**kw) -> dict[str, str]:
@@ -75,11 +155,11 @@ def _decision(**kw) -> dict[str, str]:
 
 
 def test_a_runner_or_release_that_differs_is_named():
-    v2 = verdict([_decision(), _decision(runner="Model Runner V2")])
+    v2 = verdict({0: _decision(), 1: _decision(runner="Model Runner V2")})
     assert v2 is not None and "runner (rank 0: 'V1', rank 1: 'Model Runner V2')" in v2
-    release = verdict([_decision(), _decision(**{"vLLM release": "0.33.0"})])
+    release = verdict({0: _decision(), 1: _decision(**{"vLLM release": "0.33.0"})})
     assert release is not None and "vLLM release (rank 0: '0.32.0', rank 1: '0.33.0')" in release
-    assert verdict([_decision(), _decision(platform="cuda")]) is None  # a setting alone
+    assert verdict({0: _decision(), 1: _decision(platform="cuda")}) is None  # a setting alone
 
 
 def test_the_release_is_compared_without_its_local_label(monkeypatch):

@@ -13,7 +13,7 @@ import pytest
 
 from vllm_ppspec import WORKER_QUALNAME
 from vllm_ppspec.plugin import register
-from vllm_ppspec.worker_choice import Choice, Facts, auto_setting, decide
+from vllm_ppspec.worker_choice import SUPPORTED_PP_METHODS, Choice, Facts, auto_setting, decide
 from vllm_ppspec_tools.fixtures.spec_configs import tiny_spec
 
 register()
@@ -21,7 +21,7 @@ register()
 P, V1, V2, NONE, REF = Choice.PLUGIN, Choice.VLLM_V1, Choice.VLLM_V2, Choice.VLLM, Choice.REFUSED
 OTHER = Choice.OTHER_PLATFORM
 STOCK = "vllm.v1.worker.gpu_worker.Worker"
-METHODS = ("ngram", "draft_model", "eagle", "eagle3", "mtp")
+METHODS = SUPPORTED_PP_METHODS
 
 
 def facts(**kw) -> Facts:
@@ -45,14 +45,20 @@ TABLE = [
     *[(facts(method=m), V1) for m in ("suffix", "ngram_gpu", "dflash", "dspark", "medusa")],
     (facts(auto="off"), V1),
     (facts(auto="always"), P),
-    # DP > 1 with spec: the plugin's worker as under PP (PP=1 and PP=2)
-    *[(facts(pp=1, dp=2, method=m), P) for m in METHODS],
-    *[(facts(pp=2, dp=2, method=m), P) for m in METHODS],
-    (facts(pp=1, dp=2, method="suffix"), V1),
-    (facts(pp=1, dp=2, auto="off"), V1),
-    (facts(pp=1, dp=2, v2_by_default=True), V2),
-    (facts(pp=1, dp=2, v2_required="VLLM_USE_V2_MODEL_RUNNER=1"), V2),
-    (facts(pp=1, dp=2, method=None), NONE),
+    # DP > 1 with spec on a MoE target (one engine across DP ranks): as under PP
+    *[(facts(pp=1, dp=2, moe=True, method=m), P) for m in METHODS],
+    *[(facts(pp=2, dp=2, moe=m == "mtp", method=m), P) for m in METHODS],
+    (facts(pp=1, dp=2, moe=True, method="suffix"), V1),
+    (facts(pp=1, dp=2, moe=True, auto="off"), V1),
+    (facts(pp=1, dp=2, moe=True, v2_by_default=True), V2),
+    (facts(pp=1, dp=2, moe=True, v2_required="VLLM_USE_V2_MODEL_RUNNER=1"), V2),
+    (facts(pp=1, dp=2, moe=True, method=None), NONE),
+    # DP > 1 with spec on a dense target at PP = 1: independent DP=1 engines,
+    # vLLM's own worker serves spec there
+    *[(facts(pp=1, dp=2, method=m), NONE) for m in METHODS],
+    (facts(pp=1, dp=2, auto="always", v2_by_default=True), NONE),
+    (facts(pp=1, dp=2, worker_cls=WORKER_QUALNAME), P),  # named: as vLLM's V1 worker
+    (facts(pp=1, dp=2, worker_cls=WORKER_QUALNAME, v2_by_default=True), V2),
     # V2 is vLLM's default choice (CUDA with Triton)
     *[(facts(method=m, v2_by_default=True), V2) for m in ("ngram", "draft_model", "mtp")],
     *[(facts(method=m, v2_by_default=True, auto="always"), P) for m in ("eagle3", "ngram")],
@@ -77,7 +83,7 @@ TABLE = [
     # Platforms the plugin has no worker for: vLLM's own worker, any setting
     *[(facts(platform=pl), OTHER) for pl in ("xpu", "tpu", "oot")],
     (facts(platform="xpu", auto="always"), OTHER),
-    (facts(platform="xpu", pp=1, dp=2), OTHER),
+    (facts(platform="xpu", pp=1, dp=2, moe=True), OTHER),
     *[(facts(platform=pl, worker_cls=WORKER_QUALNAME), REF) for pl in ("xpu", "tpu")],
     (facts(platform="xpu", pp=1, worker_cls=WORKER_QUALNAME), REF),
     (facts(platform="xpu", method=None), NONE),
@@ -122,9 +128,8 @@ def triton(monkeypatch):
 def _config(model: str, **kwargs):
     from vllm.engine.arg_utils import EngineArgs
 
-    return EngineArgs(
-        model=model, dtype="float32", max_model_len=256, **kwargs
-    ).create_engine_config()
+    kwargs.setdefault("dtype", "float32")
+    return EngineArgs(model=model, max_model_len=256, **kwargs).create_engine_config()
 
 
 def _served_by(cfg) -> tuple[str, bool]:
@@ -148,35 +153,95 @@ def _use_v2_env(monkeypatch, value: str | None) -> None:
         envs.disable_envs_cache()
 
 
-@pytest.mark.parametrize("method", ["ngram", "draft_copy", "eagle", "eagle3", "mtp"])
-@pytest.mark.parametrize(("dp", "pp"), [(1, 2), (2, 1), (2, 2)], ids=["pp2", "dp2", "dp2xpp2"])
-@pytest.mark.parametrize(
-    ("has_triton", "use_v2", "plugin"),
-    [
-        (False, None, True),  # the CPU platform, as it is
-        (True, None, False),  # CUDA's default: Model Runner V2
-        (True, "0", True),  # CUDA, V1 asked for
-        (True, "1", False),  # V2 asked for
-    ],
-    ids=["no-triton", "triton", "triton-v2=0", "triton-v2=1"],
-)
+# A tiny speculative config per method, on a dense target and on a MoE one:
+# (target fixture, drafter of tiny_spec or None for a config without a drafter).
+DENSE_SPECS = {
+    "ngram": "ngram",
+    "draft_model": "draft_copy",
+    "eagle": "eagle",
+    "eagle3": "eagle3_succ",
+    "mtp": "mtp",
+}
+MOE_SPECS = {
+    "ngram": ("moe", "ngram"),
+    "draft_model": ("moe", "moe_copy"),
+    "eagle": ("moe", "eagle"),
+    "eagle3": ("moe", "eagle3_succ"),
+    "mtp": ("hybrid_copy", None),  # tiny Qwen3-Next: every MLP a MoE, an MTP layer
+}
+
+
+def spec_line(models, method: str, moe: bool) -> tuple[str, dict, dict]:
+    """(target path, speculative config, other EngineArgs) for ``method``."""
+    if method not in DENSE_SPECS:
+        pytest.skip(
+            f"no tiny config for method {method!r} here yet: add it to DENSE_SPECS/MOE_SPECS"
+        )
+    if not moe:
+        target, spec = tiny_spec(models, DENSE_SPECS[method], 3)
+        return models[target], spec, {}
+    target, drafter = MOE_SPECS[method]
+    if drafter is None:
+        from tests.conftest import MODELS_DIR
+        from vllm_ppspec_tools.fixtures.tiny_hybrid import build_hybrid
+
+        path = build_hybrid(MODELS_DIR)[target]
+        spec = {"method": method, "num_speculative_tokens": 3}
+        return path, spec, {"dtype": "bfloat16", "enable_prefix_caching": False}
+    _, spec = tiny_spec(models, drafter, 3)
+    return models[target], spec, {}
+
+
+RUNNERS = [
+    (False, None, True),  # the CPU platform, as it is
+    (True, None, False),  # CUDA's default: Model Runner V2
+    (True, "0", True),  # CUDA, V1 asked for
+    (True, "1", False),  # V2 asked for
+]
+RUNNER_IDS = ["no-triton", "triton", "triton-v2=0", "triton-v2=1"]
+# (DP, PP, MoE target, whether the line is the plugin's)
+SHAPES = [
+    (1, 2, False, True),
+    (2, 1, False, False),  # dense DP: independent DP=1 engines, vLLM's own worker
+    (2, 1, True, True),
+    (2, 2, False, True),
+    (2, 2, True, True),
+]
+SHAPE_IDS = ["pp2", "dp2-dense", "dp2-moe", "dp2xpp2-dense", "dp2xpp2-moe"]
+
+
+@pytest.mark.parametrize("method", SUPPORTED_PP_METHODS)
+@pytest.mark.parametrize(("dp", "pp", "moe", "line"), SHAPES, ids=SHAPE_IDS)
+@pytest.mark.parametrize(("has_triton", "use_v2", "runner_v1"), RUNNERS, ids=RUNNER_IDS)
 def test_auto_selects_the_plugin_only_where_vllm_runs_v1(
-    models, triton, monkeypatch, method, dp, pp, has_triton, use_v2, plugin
+    models, triton, monkeypatch, method, dp, pp, moe, line, has_triton, use_v2, runner_v1
 ):
     """Every cell of the table through ``EngineArgs``: speculative decoding with
-    PP=2, DP=2 (PP=1) and DP=2 x PP=2, each method, each runner condition."""
+    PP=2, DP=2 (PP=1) and DP=2 x PP=2 on a dense and a MoE target, each method,
+    each runner condition. The plugin's worker only where the line is the
+    plugin's and vLLM runs V1; elsewhere vLLM's own choice, untouched, and the
+    one rule (``worker_choice.acts``), the mode and the refusals agree."""
+    from vllm_ppspec.patches.config import plugin_mode
+    from vllm_ppspec.patches.config.refusals import pp_spec_unsupported
+    from vllm_ppspec.policy import Mode
+    from vllm_ppspec.worker_choice import acts
+
     triton(has_triton)
     _use_v2_env(monkeypatch, use_v2)
-    target, spec = tiny_spec(models, method, 3)
+    target, spec, extra = spec_line(models, method, moe)
     cfg = _config(
-        models[target], pipeline_parallel_size=pp, data_parallel_size=dp, speculative_config=spec
+        target, pipeline_parallel_size=pp, data_parallel_size=dp, speculative_config=spec, **extra
     )
     worker, v2 = _served_by(cfg)
+    plugin = line and runner_v1
+    assert acts(cfg) is plugin
+    assert plugin_mode(cfg) is (Mode.OFF if not plugin or pp == 1 else Mode.SYNC)
+    assert pp_spec_unsupported(cfg) == []
     if plugin:
         assert (worker, v2) == (WORKER_QUALNAME, False)
     else:
         assert not worker.startswith("vllm_ppspec"), worker
-        assert v2 is True
+        assert v2 is (not runner_v1)
         assert cfg.scheduler_config.scheduler_cls is None or not str(
             cfg.scheduler_config.scheduler_cls
         ).startswith("vllm_ppspec")
@@ -324,6 +389,47 @@ def test_other_auto_values_are_refused_at_config_time_naming_the_values(
         _pp2_spec(models, monkeypatch, value)
     with pytest.raises(ValueError, match="0, false, off or no keep vLLM's own worker"):
         auto_setting(value)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        dict(pipeline_parallel_size=1),
+        dict(pipeline_parallel_size=2),
+        dict(pipeline_parallel_size=1, spec=True),
+        dict(pipeline_parallel_size=1, data_parallel_size=2, spec=True),
+        dict(pipeline_parallel_size=2, spec=True, worker_cls=WORKER_QUALNAME),
+    ],
+    ids=["pp1", "pp2-no-spec", "pp1-spec", "dense-dp2-spec", "named-worker"],
+)
+def test_an_unknown_auto_value_is_not_read_where_the_plugin_cannot_act(
+    models, triton, monkeypatch, notices, line
+):
+    """Off the plugin's lines (and with its worker named) VLLM_PPSPEC_AUTO
+    changes nothing: any value builds the config as without the plugin, with
+    no log line from the plugin."""
+    triton(False)
+    monkeypatch.setenv("VLLM_PPSPEC_AUTO", "sometimes")
+    line = dict(line)
+    target, spec = tiny_spec(models, "draft_copy", 3)
+    if line.pop("spec", False) or "worker_cls" in line:
+        line["speculative_config"] = spec
+    cfg = _config(models[target], **line)
+    named = "worker_cls" in line
+    assert cfg.parallel_config.worker_cls.startswith("vllm_ppspec") is named
+    assert notices == []
+
+
+def test_a_dense_dp_line_with_spec_is_vllms_with_no_plugin_line(models, triton, notices):
+    """Dense DP runs independent DP=1 engines (vLLM's EngineCoreProc): vLLM's
+    own worker serves spec there, the plugin says nothing, on V1 and V2."""
+    for has_triton in (False, True):
+        triton(has_triton)
+        target, spec = tiny_spec(models, "draft_copy", 3)
+        cfg = _config(models[target], data_parallel_size=2, speculative_config=spec)
+        assert not cfg.parallel_config.worker_cls.startswith("vllm_ppspec")
+        assert bool(cfg.use_v2_model_runner) is has_triton
+    assert notices == []
 
 
 # ---------------------------------------------------------------------------

@@ -5,7 +5,8 @@ Both sides call them: the engine-side config patch (batches in flight, which
 scheduler) and the runner (which steps object); the start-up check compares
 the runner's mode across PP ranks (``runner/health/startup_check.py``).
 
-* ``OFF``: PP = 1 or no speculative config. Nothing of the plugin runs per step.
+* ``OFF``: the plugin does not act on this line (``worker_choice.acts``), or
+  it does at PP = 1 (DP > 1 on a MoE target). Nothing of the plugin runs per step.
 * ``SYNC``: sync scheduling. The plugin's scheduler keeps PP batches in flight
   (one per stage; :data:`ONE_BATCH_ENV` = 1 keeps one); the scheduler output
   carries every token a rank needs: no per-round exchange.
@@ -32,8 +33,9 @@ class Mode(enum.Enum):
     LANES = "async with lanes"
 
 
-def mode_of(has_spec: bool, pp_size: int, async_scheduling: bool) -> Mode:
-    if not has_spec or pp_size <= 1:
+def mode_of(acts: bool, pp_size: int, async_scheduling: bool) -> Mode:
+    """The mode of a line; ``acts``: the plugin acts on it (``worker_choice.acts``)."""
+    if not acts or pp_size <= 1:
         return Mode.OFF
     return Mode.LANES if async_scheduling else Mode.SYNC
 

@@ -1,11 +1,21 @@
 """Who serves speculative decoding with PP or DP: vLLM itself or the plugin's worker.
 
+:func:`plugin_line` is the one rule of where the plugin acts: speculative
+decoding with PP > 1, or with DP > 1 on a MoE target (vLLM runs a MoE
+model's DP ranks as one engine, whose drafter runs must agree across ranks;
+a dense model's DP ranks run as independent DP=1 engines, where vLLM's own
+worker serves spec). :func:`acts` applies it to a built config whose worker is
+the plugin's; the selection (:func:`decide`), the refusals, the deployment
+check and the runner's mode all read it.
+
 Decided once per config, before vLLM's ``VllmConfig.__post_init__`` turns
 ``--worker-cls auto`` into its own worker. The plugin extends vLLM's V1 model
 runner on the platforms it has a worker for (:data:`PLUGIN_PLATFORMS`), so it
 takes over only there and only where vLLM would run that runner for this
 config; where vLLM picks its Model Runner V2 (on CUDA with Triton, by
-default), V2 serves it and the plugin stays out.
+default), V2 serves it and the plugin stays out. ``VLLM_PPSPEC_AUTO`` is read
+(and an unknown value refused) only on a plugin line with ``--worker-cls auto``
+on a platform it has a worker for: elsewhere it cannot change anything.
 
 :func:`decide` is a pure function of the facts (:class:`Facts`), so the whole
 table (docs/support.md, "Who serves PP + speculative decoding") is tested cell
@@ -57,7 +67,7 @@ class Choice(enum.Enum):
     PLUGIN = "the plugin's worker (V1 runner)"
     VLLM_V1 = "vLLM's own worker, V1 runner"
     VLLM_V2 = "vLLM's own worker, Model Runner V2"
-    VLLM = "vLLM's own choice (no PP or DP with speculative decoding)"
+    VLLM = "vLLM's own choice (not a line the plugin serves)"
     OTHER_PLATFORM = "vLLM's own worker (a platform the plugin has no worker for)"
     REFUSED = "refused"
 
@@ -72,6 +82,7 @@ class Facts:
     v2_by_default: bool  # vLLM would pick V2 for this config on its own
     dp: int = 1
     platform: str = "cpu"  # "cpu", "cuda", or another platform's device name
+    moe: bool = False  # the target is a MoE model (vLLM runs its DP ranks as one engine)
 
 
 @dataclass(frozen=True)
@@ -84,14 +95,44 @@ def plugin_named(worker_cls: Any) -> bool:
     return isinstance(worker_cls, str) and worker_cls.startswith("vllm_ppspec.")
 
 
-def spec_in_parallel(pp: int, dp: int, method: str | None) -> bool:
-    """Speculative decoding with PP > 1 or DP > 1: what the plugin's worker is for."""
-    return method is not None and (pp > 1 or dp > 1)
+def plugin_line(pp: int, dp: int, method: str | None, moe: bool) -> bool:
+    """The one rule of where the plugin acts: speculative decoding (``method``
+    not None) with PP > 1, or with DP > 1 on a MoE target. A dense target's DP
+    ranks run as independent DP=1 engines (vLLM's ``EngineCoreProc``), each
+    served by vLLM's own worker; a MoE target's run as one engine whose drafter
+    runs must agree across the DP ranks, which the plugin's worker does."""
+    return method is not None and (pp > 1 or (dp > 1 and moe))
+
+
+def line_of(vllm_config: Any) -> tuple[int, int, str | None, bool]:
+    """(PP, DP, speculative method or None, MoE target) of a config, for
+    :func:`plugin_line`; a model runner, which holds the same three configs, works too."""
+    parallel = vllm_config.parallel_config
+    spec = vllm_config.speculative_config
+    pp = int(parallel.pipeline_parallel_size)
+    dp = int(parallel.data_parallel_size)
+    method = None if spec is None else str(spec.method)
+    # MoE matters only for DP at PP = 1 (read lazily: it reads the HF config).
+    moe = method is not None and pp <= 1 and dp > 1 and _is_moe(vllm_config)
+    return pp, dp, method, moe
+
+
+def _is_moe(vllm_config: Any) -> bool:
+    model_config = getattr(vllm_config, "model_config", None)
+    return bool(model_config is not None and model_config.is_moe)
+
+
+def acts(vllm_config: Any) -> bool:
+    """The plugin acts on this config: its worker is selected (by
+    :func:`decide` or by name) and the line is one it serves (:func:`plugin_line`).
+    Elsewhere its worker, if named, runs as vLLM's V1 worker with its mode off."""
+    worker = getattr(vllm_config.parallel_config, "worker_cls", None)
+    return plugin_named(worker) and plugin_line(*line_of(vllm_config))
 
 
 def decide(f: Facts) -> Decision:
     """Who serves this config; see the module docstring and docs/support.md."""
-    active = spec_in_parallel(f.pp, f.dp, f.method)
+    active = plugin_line(f.pp, f.dp, f.method, f.moe)
     if plugin_named(f.worker_cls):
         if f.platform not in PLUGIN_PLATFORMS:
             return Decision(Choice.REFUSED, platform_refusal(f.platform))
@@ -103,7 +144,7 @@ def decide(f: Facts) -> Decision:
             return Decision(Choice.REFUSED, v2_refusal(f.v2_required))
         return Decision(Choice.PLUGIN, "--worker-cls names the plugin's worker")
     if not active:
-        return Decision(Choice.VLLM, "no PP or DP with speculative decoding: nothing to take over")
+        return Decision(Choice.VLLM, NOT_A_PLUGIN_LINE)
     if f.platform not in PLUGIN_PLATFORMS:
         return Decision(
             Choice.OTHER_PLATFORM, f"the plugin has no worker for the {f.platform} platform"
@@ -118,17 +159,22 @@ def decide(f: Facts) -> Decision:
         return Decision(v, f"{AUTO_ENV} is off")
     if f.method not in SUPPORTED_PP_METHODS:
         v = Choice.VLLM_V2 if f.v2_by_default else Choice.VLLM_V1
-        return Decision(v, f"method {f.method!r} is not one the plugin runs under PP or DP")
+        return Decision(v, f"method {f.method!r} is not one the plugin runs")
     if f.v2_by_default and f.auto != "always":
         return Decision(Choice.VLLM_V2, "vLLM picks Model Runner V2, which serves it itself")
     if f.v2_by_default:
         return Decision(Choice.PLUGIN, f"{AUTO_ENV}=always")
-    return Decision(Choice.PLUGIN, "vLLM runs its V1 runner here, which fails with PP or DP + spec")
+    return Decision(
+        Choice.PLUGIN, "vLLM runs its V1 runner here, which serves this line only with the plugin"
+    )
 
 
+NOT_A_PLUGIN_LINE = (
+    "not speculative decoding with PP > 1 or with DP > 1 on a MoE model: nothing to take over"
+)
 EXPLICIT_ELSEWHERE = (
-    "the plugin's worker is for speculative decoding with PP or DP; on this line vLLM "
-    "picks Model Runner V2, and its own worker serves"
+    "the plugin's worker is for speculative decoding with PP, or DP on a MoE model; on "
+    "this line vLLM picks Model Runner V2, and its own worker serves"
 )
 
 
@@ -176,21 +222,23 @@ def v2_required(vllm_config: Any) -> str | None:
 def facts_of(vllm_config: Any, vllm_use_v2: Any) -> Facts:
     """The facts for :func:`decide`; ``vllm_use_v2`` is vLLM's own, unwrapped
     ``use_v2_model_runner`` getter (called only where the plugin could serve)."""
-    spec = vllm_config.speculative_config
-    parallel = vllm_config.parallel_config
-    pp = int(parallel.pipeline_parallel_size)
-    dp = int(parallel.data_parallel_size)
-    method = None if spec is None else str(spec.method)
-    relevant = spec_in_parallel(pp, dp, method) or plugin_named(parallel.worker_cls)
+    worker = vllm_config.parallel_config.worker_cls
+    pp, dp, method, moe = line_of(vllm_config)
+    line = plugin_line(pp, dp, method, moe)
+    relevant = line or plugin_named(worker)
+    platform = platform_name()
+    # VLLM_PPSPEC_AUTO can change something only here: read (and refused) only here.
+    reads_auto = line and worker == "auto" and platform in PLUGIN_PLATFORMS
     return Facts(
         pp=pp,
         dp=dp,
         method=method,
-        worker_cls=str(parallel.worker_cls),
-        auto=auto_setting(os.environ.get(AUTO_ENV)),
+        worker_cls=str(worker),
+        auto=auto_setting(os.environ.get(AUTO_ENV)) if reads_auto else "on",
         v2_required=v2_required(vllm_config) if relevant else None,
         v2_by_default=bool(relevant and _vllm_picks_v2(vllm_config, vllm_use_v2)),
-        platform=platform_name(),
+        platform=platform,
+        moe=moe,
     )
 
 

@@ -30,7 +30,7 @@ Collectives the plugin adds, on every rank of the PP group unless said:
   check (``startup_check.agree``: a ``monitored_barrier``, an
   ``all_gather_object``), the round shape ``all_reduce`` (``LANES`` only,
   ``build.build_steps``), the placement check (``placement.pp_on_one_host``:
-  a broadcast, an ``all_reduce``), then the peer watch's ``all_gather_object``
+  an ``all_gather_object``), then the peer watch's ``all_gather_object``
   of listening addresses (``peer_watch.watch_pp_peers``);
 * once after ``load_model``, mode not ``OFF``: the embedding hand-over's header
   ``all_reduce``, and if vLLM would share the target's embedding with the
@@ -72,6 +72,7 @@ from vllm_ppspec.runner.health.startup_check import agree, fingerprint  # noqa: 
 from vllm_ppspec.runner.steps.base import Steps, StepState  # noqa: E402
 from vllm_ppspec.runner.steps.build import build_steps, check_engine_mode  # noqa: E402
 from vllm_ppspec.runner.view import RunnerView  # noqa: E402
+from vllm_ppspec.worker_choice import line_of, plugin_line  # noqa: E402
 
 if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
@@ -123,7 +124,9 @@ class PPSpecRunnerMixin:
     def _ppspec_setup(self) -> None:
         """Called right after GPUModelRunner.__init__ (drafter already built)."""
         pp = get_pp_group()
-        mode = mode_of(bool(self.speculative_config), pp.world_size, self.use_async_scheduling)
+        # This runner is the plugin's worker's: the plugin acts where the line is its.
+        acts = plugin_line(*line_of(self))
+        mode = mode_of(acts, pp.world_size, self.use_async_scheduling)
         is_last = pp.is_last_rank
         # DP > 1 (MoE targets): this rank's drafter agrees with the other DP
         # ranks' on each run (protocol/dp_agreement.py), in every mode.

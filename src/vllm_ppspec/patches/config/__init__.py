@@ -5,13 +5,17 @@ Installed by :func:`vllm_ppspec.plugin.register` in every vLLM process
 ``config`` entries of the registry, then :func:`mark_installed`). Each
 patch wraps one vLLM function and calls it unchanged unless
 ``parallel_config.worker_cls`` names a vllm-ppspec worker (which it does by
-itself under PP + spec when left at ``auto``, see ``__post_init__``):
+itself, when left at ``auto``, on the lines the plugin serves: speculative
+decoding with PP > 1, or DP > 1 on a MoE model, ``worker_choice.plugin_line``;
+see ``__post_init__``). :func:`vllm_ppspec.worker_choice.acts` says whether the
+plugin acts on a config; the mode (:func:`plugin_mode`) is off unless it does
+at PP > 1:
 
-* ``VllmConfig._get_v1_model_runner_unsupported_features``: under PP +
-  speculative decoding, drops "pipeline parallelism with async scheduling"
-  (the plugin runs that combination, see below) and adds the PP + speculative
-  combinations the plugin does not support (:mod:`.refusals`), so vLLM raises
-  its usual ``ValueError`` naming them. Without speculative decoding vLLM's refusal
+* ``VllmConfig._get_v1_model_runner_unsupported_features``: where the mode is
+  not off, drops "pipeline parallelism with async scheduling" (the plugin runs
+  that combination, see below); where the plugin acts, adds the combinations it
+  does not support (:mod:`.refusals`), so vLLM raises its usual ``ValueError``
+  naming them. Without speculative decoding vLLM's refusal
   stays: vLLM refuses PP + async scheduling on the V1 runner because
   structured outputs desync the grammar FSM there (vLLM issue #45014, the
   note in that function), and the plugin changes nothing on that path.
@@ -21,22 +25,22 @@ itself under PP + spec when left at ``auto``, see ``__post_init__``):
 * ``CpuPlatform.check_and_update_config``: keeps an explicit
   ``--async-scheduling`` (the CPU platform turns it off unconditionally), also
   in the copies vLLM makes of that config (``ASYNC_KEPT_FLAG``).
-* ``VllmConfig.max_concurrent_batches`` (PP + speculative decoding only):
+* ``VllmConfig.max_concurrent_batches`` (mode not off only):
   what :mod:`vllm_ppspec.policy` decides for the mode: under sync scheduling
   one batch per PP stage, as vLLM does without speculation (1 with
   ``VLLM_PPSPEC_ONE_BATCH=1``); under async scheduling PP + 1, one lane of
   requests per stage plus the next batch of the lane whose round is on its way.
-* ``VllmConfig.__post_init__`` (PP + spec): first, with ``--worker-cls auto``
-  (vLLM's default), selects the plugin's worker where vLLM would run its V1
-  runner (:func:`.selection.select_worker`, :mod:`vllm_ppspec.worker_choice`; where vLLM picks Model
-  Runner V2 it stays). Then selects the plugin's scheduler,
+* ``VllmConfig.__post_init__``: first, with ``--worker-cls auto`` (vLLM's
+  default), selects the plugin's worker on the lines it serves where vLLM would
+  run its V1 runner (:func:`.selection.select_worker`, :mod:`vllm_ppspec.worker_choice`;
+  where vLLM picks Model Runner V2 it stays). Then, mode not off, selects the plugin's scheduler,
   :class:`vllm_ppspec.sched.filled.PPSpecScheduler` under sync scheduling (it
   applies each batch's drafts when that batch's output is processed) and
   :class:`vllm_ppspec.sched.lanes.PPSpecLaneScheduler` under async
   scheduling (requests pinned to lanes); an explicit other ``--scheduler-cls``
   is refused. On vLLM 0.33, which refuses an explicit ``--async-scheduling``
   with PP on the V1 runner inside ``__post_init__`` itself, it lifts that
-  refusal for PP + spec only (:mod:`.async_hold`).
+  refusal where the mode is not off only (:mod:`.async_hold`).
 * ``EngineCore.post_step``: skipped with the sync scheduler. It would fetch
   the latest drafts with a blocking call that waits for the batch to leave
   the pipeline; the drafts come with the batch's output instead
@@ -58,7 +62,7 @@ from vllm_ppspec.patches.config.async_hold import hold_async, restore_async
 from vllm_ppspec.patches.config.refusals import pp_spec_unsupported
 from vllm_ppspec.patches.config.selection import select_worker
 from vllm_ppspec.policy import Mode
-from vllm_ppspec.worker_choice import plugin_named, v2_refusal, v2_required
+from vllm_ppspec.worker_choice import acts, plugin_named, v2_refusal, v2_required
 
 PP_ASYNC_REFUSAL = "pipeline parallelism with async scheduling"
 
@@ -81,9 +85,10 @@ def _wrap_unsupported_features(original: Any) -> Any:
         unsupported = list(original(self))
         if not plugin_worker_selected(self):
             return unsupported
-        if spec_pp_active(self):
-            # Only PP + spec runs the plugin's async round. Without spec the
-            # V1 runner's own PP + async path runs, which vLLM refuses (#45014).
+        if pp_mode_on(self):
+            # Only the plugin's modes run its async round. Elsewhere (PP
+            # without spec) the V1 runner's own PP + async path runs, which
+            # vLLM refuses (#45014).
             unsupported = [u for u in unsupported if u != PP_ASYNC_REFUSAL]
         return unsupported + pp_spec_unsupported(self)
 
@@ -106,12 +111,9 @@ def _wrap_use_v2(original_prop: property) -> property:
     return property(wrapper)
 
 
-def spec_pp_active(vllm_config: Any) -> bool:
-    return (
-        plugin_worker_selected(vllm_config)
-        and vllm_config.speculative_config is not None
-        and vllm_config.parallel_config.pipeline_parallel_size > 1
-    )
+def pp_mode_on(vllm_config: Any) -> bool:
+    """The plugin acts here at PP > 1: its mode is SYNC or LANES, not OFF."""
+    return vllm_config.parallel_config.pipeline_parallel_size > 1 and acts(vllm_config)
 
 
 def _wrap_max_concurrent_batches(original_prop: property) -> property:
@@ -120,7 +122,7 @@ def _wrap_max_concurrent_batches(original_prop: property) -> property:
 
     @functools.wraps(getter)
     def wrapper(self: Any) -> int:
-        if not spec_pp_active(self):
+        if not pp_mode_on(self):
             return int(getter(self))
         return batches_in_flight(self)
 
@@ -134,10 +136,8 @@ def batches_in_flight(vllm_config: Any) -> int:
 
 
 def plugin_mode(vllm_config: Any) -> Mode:
-    if not spec_pp_active(vllm_config):
-        return Mode.OFF
     return policy.mode_of(
-        True,
+        acts(vllm_config),
         int(vllm_config.parallel_config.pipeline_parallel_size),
         bool(vllm_config.scheduler_config.async_scheduling),
     )
@@ -149,7 +149,7 @@ def _wrap_post_init(original: Any) -> Any:
         select_worker(self)
         stop_grace.note_config(self, plugin_worker_selected(self))
         dp_sync_unset = self.parallel_config.disable_nccl_for_dp_synchronization is None
-        held = hold_async(self, spec_pp_active(self))
+        held = hold_async(self, pp_mode_on(self))
         original(self)
         if held:
             restore_async(self, dp_sync_unset)

@@ -65,14 +65,14 @@ def v1_async_refusal_besides_pp(vllm_config: Any) -> str | None:
     return None
 
 
-def hold_async(vllm_config: Any, spec_pp_active: bool) -> bool:
+def hold_async(vllm_config: Any, pp_mode_on: bool) -> bool:
     """Before vLLM's ``__post_init__``: hide an explicit ``async_scheduling=True``
     (``False`` is an explicit choice: vLLM neither raises nor logs about it)
     when vLLM 0.33 would refuse it for PP alone, under PP + spec with the
     plugin's worker. Returns whether it held it; :func:`restore_async` puts it
     back. Any other refusal of that branch stays vLLM's."""
     if not (
-        spec_pp_active
+        pp_mode_on
         and vllm_config.scheduler_config.async_scheduling is True
         and refuses_pp_async_in_post_init()
         and v1_async_refusal_besides_pp(vllm_config) is None

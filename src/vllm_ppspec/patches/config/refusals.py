@@ -1,29 +1,32 @@
-"""Name the PP or DP + speculative combinations the plugin's worker does not run.
+"""Name the combinations the plugin's worker does not run, on the lines it serves.
 
 vLLM's ``_get_v1_model_runner_unsupported_features`` (wrapped in
-``patches/config/__init__.py``) adds these reasons when the plugin's worker is
-selected, so vLLM raises its usual ``ValueError`` naming them.
+``patches/config/__init__.py``) adds these reasons where the plugin acts
+(``worker_choice.acts``: its worker selected, on speculative decoding with
+PP > 1 or with DP > 1 on a MoE model), so vLLM raises its usual
+``ValueError`` naming them. Elsewhere nothing is added: the plugin's worker,
+if named, runs as vLLM's own V1 worker.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from vllm_ppspec.worker_choice import SUPPORTED_PP_METHODS
+from vllm_ppspec.worker_choice import SUPPORTED_PP_METHODS, acts
 
 
 def pp_spec_unsupported(vllm_config: Any) -> list[str]:
-    """Reasons this PP or DP + speculative config cannot run with the plugin worker."""
+    """Reasons the plugin's worker cannot run this config, where it acts."""
+    if not acts(vllm_config):
+        return []
     spec = vllm_config.speculative_config
     pp = vllm_config.parallel_config.pipeline_parallel_size
-    dp = vllm_config.parallel_config.data_parallel_size
-    if spec is None or (pp <= 1 and dp <= 1):
-        return []
     reasons = []
     if spec.method not in SUPPORTED_PP_METHODS:
         reasons.append(
-            f"speculative method {spec.method!r} with pipeline or data parallelism under "
-            f"vllm-ppspec (supported: {', '.join(SUPPORTED_PP_METHODS)})"
+            f"speculative method {spec.method!r} with pipeline parallelism, or data "
+            "parallelism on a MoE model, under vllm-ppspec (supported: "
+            f"{', '.join(SUPPORTED_PP_METHODS)})"
         )
     if pp <= 1:
         return reasons

@@ -19,23 +19,24 @@ from vllm_ppspec.worker_choice import (
     plugin_named,
 )
 
+# The lines the plugin serves (worker_choice.plugin_line), as the notices name them.
+PLUGIN_LINES = "speculative decoding with pipeline parallelism, or data parallelism on a MoE model"
 AUTO_NOTICE = (
-    "vllm-ppspec: speculative decoding with pipeline or data parallelism and --worker-cls "
-    f"auto: selected the worker {WORKER_QUALNAME} ({AUTO_ENV}=0 keeps vLLM's own)"
+    f"vllm-ppspec: {PLUGIN_LINES}, and --worker-cls auto: selected the worker "
+    f"{WORKER_QUALNAME} ({AUTO_ENV}=0 keeps vLLM's own)"
 )
 V2_NOTICE = (
-    "vllm-ppspec: vLLM's Model Runner V2 serves this configuration (speculative decoding "
-    "with pipeline or data parallelism): the plugin leaves it alone ({why}; {auto}=always "
-    "selects the plugin's worker)"
+    f"vllm-ppspec: vLLM's Model Runner V2 serves this configuration ({PLUGIN_LINES}): "
+    "the plugin leaves it alone ({why}; {auto}=always selects the plugin's worker)"
 )
 PLATFORM_NOTICE = (
     "vllm-ppspec: vLLM's own worker serves this configuration ({why}); the plugin changes nothing"
 )
 EXPLICIT_NOTICE = "vllm-ppspec: --worker-cls {worker}: {why}"
 FOREIGN_WARNING = (
-    "vllm-ppspec: --worker-cls {worker} with speculative decoding and pipeline or data "
-    "parallelism: vLLM's V1 runner (0.32, 0.33) fails there; vllm-ppspec leaves "
-    f"this worker alone (use --worker-cls auto or {WORKER_QUALNAME})"
+    f"vllm-ppspec: --worker-cls {{worker}} with {PLUGIN_LINES}: vLLM's V1 runner "
+    "(0.32, 0.33) fails there; vllm-ppspec leaves this worker alone (use --worker-cls "
+    f"auto or {WORKER_QUALNAME})"
 )
 
 # vLLM's own use_v2_model_runner getter, kept by install() before it is wrapped.
@@ -47,12 +48,15 @@ def select_worker(vllm_config: Any) -> Decision:
 
     Runs before vLLM's ``VllmConfig.__post_init__`` (whose platform hook turns
     ``auto`` into vLLM's own worker), in every process that builds a config.
-    ``--worker-cls auto`` becomes the plugin's worker where the rule says so;
+    Off the lines the plugin serves (``worker_choice.plugin_line``) it changes
+    nothing and logs nothing. ``--worker-cls auto`` becomes the plugin's worker
+    where the rule says so;
     the plugin's worker named on a line where vLLM picks Model Runner V2 and
     the plugin has nothing to do becomes ``auto`` again (vLLM's own worker
     serves); a refusal (another platform, V2 required) raises ValueError here;
     an explicit other worker is left alone, with a warning where it runs the
-    V1 runner. A ``VLLM_PPSPEC_AUTO`` value the plugin does not take is refused.
+    V1 runner. A ``VLLM_PPSPEC_AUTO`` value the plugin does not take is refused
+    where it is read (on a plugin line with ``--worker-cls auto``).
     """
     decision = decide(facts_of(vllm_config, vllm_use_v2))
     parallel = vllm_config.parallel_config
