@@ -465,3 +465,40 @@ def test_the_pp_async_refusal_alone_is_lifted_on_every_version(models):
         async_scheduling=True,
     )
     assert cfg.scheduler_config.async_scheduling is True
+
+
+def test_the_docs_of_the_rule_and_the_start_up_say_what_the_code_does():
+    """Issue 39, item 6: texts that had gone stale. The config patches name the
+    rule (PP, or DP on a MoE model), not "PP + spec"; the mixin names the
+    placement check's collectives as ``placement.pp_on_one_host`` calls them;
+    the orderly stop and reliability.md say that a worker under vLLM's mp
+    executor ignores SIGINT and that a host with ``VLLM_PPSPEC_AUTO=0`` is
+    refused at once."""
+    import ast
+
+    import vllm_ppspec.patches.config as config_patches
+    from tests.conftest import REPO
+    from vllm_ppspec.runner.health import orderly_stop, placement
+
+    doc = config_patches.__doc__ or ""
+    assert "plugin_line" in doc and "under PP + spec" not in doc
+    assert "``VllmConfig.__post_init__`` (PP + spec)" not in doc
+    tree = ast.parse((REPO / "src/vllm_ppspec/runner/health/placement.py").read_text())
+    func = next(
+        n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "pp_on_one_host"
+    )
+    called = {
+        n.func.attr
+        for n in ast.walk(func)
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+    }
+    mixin = (REPO / "src/vllm_ppspec/runner/mixin.py").read_text()
+    said = mixin.split("the placement check (``placement.pp_on_one_host``:")[1].split(")")[0]
+    for name in ("broadcast", "all_reduce", "all_gather_object"):
+        assert (name in said) is (name in called), (name, said, sorted(called))
+    assert placement.pp_on_one_host is not None
+    stop_doc = orderly_stop.__doc__ or ""
+    assert "gets\nSIGINT or SIGTERM" not in stop_doc and "ignores SIGINT" in stop_doc
+    reliability = (REPO / "docs/reliability.md").read_text()
+    assert "never reaches the check" not in reliability
+    assert "The test fails on it, as it did before." not in reliability

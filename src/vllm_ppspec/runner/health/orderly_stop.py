@@ -4,9 +4,11 @@ vLLM stops a worker in order in two ways, and both end in the worker's
 ``shutdown()`` (``WorkerProc.worker_main`` in
 vllm/v1/executor/multiproc_executor.py): its executor shuts down (it closes the
 worker's death pipe; the worker's busy loop ends), or the worker itself gets
-SIGINT or SIGTERM (a Ctrl-C reaches every process of the terminal's process
-group). :class:`StopsInOrder` sends the goodbye there, before vLLM's own
-clean-up (``peer_watch.say_goodbye``). A worker that is killed, or that the
+SIGTERM. A Ctrl-C reaches every process of the terminal's process group; the
+plugin's worker under vLLM's mp executor ignores SIGINT
+(:func:`leave_sigint_to_the_executor`), so its executor, which gets the same
+Ctrl-C, stops it the first way. :class:`StopsInOrder` sends the goodbye there,
+before vLLM's own clean-up (``peer_watch.say_goodbye``). A worker that is killed, or that the
 plugin ends (``rank_errors.end_worker``), says nothing: its peers report it gone.
 
 On a headless node (``vllm serve --headless``: ``node_rank_within_dp > 0``
