@@ -167,7 +167,9 @@ def test_a_release_without_the_v1_runner_is_not_supported_and_lists_the_v2_names
     monkeypatch.setattr(version_data, "EXPLAINED_DRIFT", {"9.9.9": {CPU_WORKER_IMPORT: why}})
     report = drift.check(_without_the_v1_runner(), "9.9.9")
     assert report.verdict == "not supported: the V1 runner is removed"
-    assert report.drift == [], report.drift
+    # The only drift left: V2 names the installed vLLM lacks (imported to see).
+    absent = [f"{m}:{q}" for m, q in v2_runner_data.V2_RUNNER_NAMES if not _defined(m, q)]
+    assert report.drift == absent, report.drift
     removed = [line for line in report.lines if "removed with the V1 runner" in line]
     assert any("GPUModelRunner._pp_broadcast_prev_sampled_token_ids: missing" in r for r in removed)
     header = "what the plugin would need of Model Runner V2"
@@ -175,12 +177,25 @@ def test_a_release_without_the_v1_runner_is_not_supported_and_lists_the_v2_names
     listed = report.lines[start + 1 :]
     assert len(listed) == len(v2_runner_data.V2_RUNNER_NAMES)
     for (module, qualname), line in zip(v2_runner_data.V2_RUNNER_NAMES, listed, strict=True):
-        assert line.startswith(f"  present {module}:{qualname}"), line
+        key = f"{module}:{qualname}"
+        want = f"  present {key}" if key not in absent else f"  DRIFT {key}: missing"
+        assert line.startswith(want), line
     execute = "vllm.v1.worker.gpu.model_runner:GPUModelRunner.execute_model"
     assert any(
         line.startswith(f"  present {execute} (vllm/v1/worker/gpu/model_runner.py:")
         for line in listed
     ), listed
+
+
+def _defined(module: str, qualname: str) -> bool:
+    import importlib
+
+    obj: object = importlib.import_module(module)
+    for part in qualname.split("."):
+        if not hasattr(obj, part):
+            return False
+        obj = getattr(obj, part)
+    return True
 
 
 def test_a_missing_v2_name_is_unexplained_drift(monkeypatch):
@@ -191,7 +206,10 @@ def test_a_missing_v2_name_is_unexplained_drift(monkeypatch):
     explained = {"9.9.9": {CPU_WORKER_IMPORT: "as above"}}
     monkeypatch.setattr(version_data, "EXPLAINED_DRIFT", explained)
     report = drift.check(_without_the_v1_runner(), "9.9.9")
-    assert report.drift == ["vllm.v1.worker.gpu.pp_utils:PPHandler.no_such_method"], report.drift
+    assert "vllm.v1.worker.gpu.pp_utils:PPHandler.no_such_method" in report.drift, report.drift
+    assert "  DRIFT vllm.v1.worker.gpu.pp_utils:PPHandler.no_such_method: missing" in "\n".join(
+        report.lines
+    )
 
 
 def test_a_supported_release_gets_its_verdict():

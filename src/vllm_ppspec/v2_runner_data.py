@@ -122,8 +122,11 @@ V2_RUNNER_NAMES: tuple[tuple[str, str], ...] = (
     ("vllm.v1.core.sched.async_scheduler", "AsyncScheduler._update_after_schedule"),
     ("vllm.v1.engine.core", "EngineCore.post_step"),
     ("vllm.v1.engine.core", "EngineCore.step_with_batch_queue"),
+    ("vllm.v1.executor.multiproc_executor", "MultiprocExecutor.execute_model"),
+    ("vllm.v1.executor.multiproc_executor", "MultiprocExecutor.take_draft_token_ids"),
     ("vllm.config.vllm", "VllmConfig.max_concurrent_batches"),
     ("vllm.platforms.cpu", "CpuPlatform.check_and_update_config"),
+    ("vllm.platforms.cpu", "CpuPlatform.uses_standalone_cpu_model_runner"),
     ("vllm.distributed.parallel_state", "GroupCoordinator.make_sibling_device_group"),
     ("vllm.distributed.parallel_state", "in_the_same_node_as"),
 )
