@@ -42,7 +42,7 @@ def facts(**kw) -> Facts:
 TABLE = [
     # V1 is vLLM's choice (CPU, no Triton, VLLM_USE_V2_MODEL_RUNNER=0, a V2-only feature missing)
     *[(facts(method=m), P) for m in METHODS],
-    *[(facts(method=m), V1) for m in ("suffix", "ngram_gpu", "dflash", "dspark", "medusa")],
+    *[(facts(method=m), V1) for m in ("suffix", "ngram_gpu", "dflash", "dspark")],
     (facts(auto="off"), V1),
     (facts(auto="always"), P),
     # DP > 1 with spec on a MoE target (one engine across DP ranks): as under PP
