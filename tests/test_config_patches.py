@@ -392,10 +392,13 @@ def test_a_method_the_plugin_does_not_run_is_refused_with_its_worker_where_it_ac
     from vllm_ppspec.patches.config.refusals import pp_spec_unsupported
     from vllm_ppspec.worker_choice import SUPPORTED_PP_METHODS
 
-    reasons = pp_spec_unsupported(_pp_spec_namespace("mp", False, "suffix", pp, dp, moe))
+    reasons = pp_spec_unsupported(_pp_spec_namespace("mp", False, "ngram_gpu", pp, dp, moe))
     assert reasons == [
-        "speculative method 'suffix' with pipeline parallelism, or data parallelism on a "
-        f"MoE model, under vllm-ppspec (supported: {', '.join(SUPPORTED_PP_METHODS)})"
+        "speculative method 'ngram_gpu' with pipeline parallelism, or data parallelism on a "
+        "MoE model, under vllm-ppspec: its proposer keeps CUDA buffers and events, and the "
+        "plugin runs it nowhere: on CUDA with Triton vLLM's Model Runner V2 serves it under "
+        "PP; elsewhere use method 'ngram' "
+        f"(methods vllm-ppspec runs under PP: {', '.join(SUPPORTED_PP_METHODS)})"
     ]
 
 
@@ -406,7 +409,7 @@ def test_the_plugins_worker_named_off_its_lines_refuses_nothing(pp, dp, moe):
     from vllm_ppspec.patches.config.refusals import pp_spec_unsupported
     from vllm_ppspec.worker_choice import SUPPORTED_PP_METHODS
 
-    assert pp_spec_unsupported(_pp_spec_namespace("mp", False, "suffix", pp, dp, moe)) == []
+    assert pp_spec_unsupported(_pp_spec_namespace("mp", False, "ngram_gpu", pp, dp, moe)) == []
 
 
 # vLLM's explicit-async refusals other than PP: each version's own message, the

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from vllm_ppspec.unserved import why_unserved
 from vllm_ppspec.worker_choice import SUPPORTED_PP_METHODS, acts
 
 
@@ -25,8 +26,7 @@ def pp_spec_unsupported(vllm_config: Any) -> list[str]:
     if spec.method not in SUPPORTED_PP_METHODS:
         reasons.append(
             f"speculative method {spec.method!r} with pipeline parallelism, or data "
-            "parallelism on a MoE model, under vllm-ppspec (supported: "
-            f"{', '.join(SUPPORTED_PP_METHODS)})"
+            f"parallelism on a MoE model, under vllm-ppspec: {why_unserved(spec.method)}"
         )
     if pp <= 1:
         return reasons

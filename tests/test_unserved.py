@@ -1,0 +1,55 @@
+"""The refusal of each speculative method the plugin does not run under PP
+names why and what to run instead (src/vllm_ppspec/unserved.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.test_config_patches import _pp_spec_namespace
+from vllm_ppspec.unserved import WHY_UNSERVED
+from vllm_ppspec.worker_choice import SUPPORTED_PP_METHODS
+
+# What each refusal must say: the cause, and what to run instead.
+EXPECTED = {
+    "mlp_speculator": ("register no model class", "at any PP size"),
+    "ngram_gpu": ("CUDA buffers and events", "use method 'ngram'"),
+    "suffix": ("split batches", "use method 'ngram', or suffix at PP=1"),
+    "dflash": ("auxiliary hidden states", "use method 'eagle3', or dflash at PP=1"),
+    "dspark": ("auxiliary hidden states", "use method 'eagle3', or dspark at PP=1"),
+    "extract_hidden_states": ("SupportsPP", "run it at PP=1"),
+}
+
+
+def test_every_method_of_vllm_is_served_or_has_a_reason():
+    from typing import get_args
+
+    from vllm.config.speculative import SpeculativeMethod
+
+    def names(t) -> set[str]:
+        args = get_args(t)
+        return {a for x in args for a in (names(x) if get_args(x) else [x])} if args else {t}
+
+    methods = names(SpeculativeMethod)
+    # MTP model types (deepseek_mtp, ...) become method "mtp" in vLLM's config.
+    methods = {m for m in methods if not m.endswith("_mtp")}
+    assert methods - set(SUPPORTED_PP_METHODS) == set(WHY_UNSERVED), methods
+    assert not set(WHY_UNSERVED) & set(SUPPORTED_PP_METHODS)
+
+
+@pytest.mark.parametrize("method", sorted(EXPECTED))
+@pytest.mark.parametrize("pp,dp", [(2, 1), (3, 1)])
+def test_each_method_not_run_under_pp_is_refused_naming_why(method, pp, dp):
+    from vllm_ppspec.patches.config.refusals import pp_spec_unsupported
+
+    (reason,) = pp_spec_unsupported(_pp_spec_namespace("mp", False, method, pp, dp))
+    assert reason.startswith(f"speculative method {method!r} with pipeline"), reason
+    for words in EXPECTED[method]:
+        assert words in reason, reason
+    assert "medusa" in reason  # the methods it runs
+
+
+def test_the_served_methods_are_not_refused():
+    from vllm_ppspec.patches.config.refusals import pp_spec_unsupported
+
+    for method in SUPPORTED_PP_METHODS:
+        assert pp_spec_unsupported(_pp_spec_namespace("mp", False, method, 2, 1)) == []
