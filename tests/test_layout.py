@@ -298,6 +298,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "__init__.py",
             "policy.py",
             "worker_choice.py",
+            "unserved.py",
             "version_guard.py",
             "version_data.py",
             "no_v1_runner.py",  # what the hook and the worker say on 0.34.0 on
