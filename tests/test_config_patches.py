@@ -392,6 +392,7 @@ def test_a_method_the_plugin_does_not_run_is_refused_with_its_worker_where_it_ac
     from vllm_ppspec.patches.config.refusals import pp_spec_unsupported
     from vllm_ppspec.worker_choice import SUPPORTED_PP_METHODS
 
+    assert {"medusa", "custom_class", "suffix"} <= set(SUPPORTED_PP_METHODS)
     reasons = pp_spec_unsupported(_pp_spec_namespace("mp", False, "ngram_gpu", pp, dp, moe))
     assert reasons == [
         "speculative method 'ngram_gpu' with pipeline parallelism, or data parallelism on a "

@@ -13,7 +13,6 @@ from vllm_ppspec.worker_choice import SUPPORTED_PP_METHODS
 EXPECTED = {
     "mlp_speculator": ("register no model class", "at any PP size"),
     "ngram_gpu": ("CUDA buffers and events", "use method 'ngram'"),
-    "suffix": ("split batches", "use method 'ngram', or suffix at PP=1"),
     "dflash": ("auxiliary hidden states", "use method 'eagle3', or dflash at PP=1"),
     "dspark": ("auxiliary hidden states", "use method 'eagle3', or dspark at PP=1"),
     "extract_hidden_states": ("SupportsPP", "run it at PP=1"),

@@ -23,11 +23,6 @@ WHY_UNSERVED: dict[str, str] = {
         "CUDA with Triton vLLM's Model Runner V2 serves it under PP; elsewhere use "
         "method 'ngram'"
     ),
-    "suffix": (
-        "its proposer (arctic-inference) drops the cached state of every request "
-        "missing from a step's batch, which the plugin's split batches leave out every "
-        "other step; use method 'ngram', or suffix at PP=1"
-    ),
     "dflash": f"{_AUX_STATES}; use method 'eagle3', or dflash at PP=1",
     "dspark": f"{_AUX_STATES}; use method 'eagle3', or dspark at PP=1",
     "extract_hidden_states": (

@@ -33,7 +33,16 @@ from typing import Any
 from vllm_ppspec import WORKER_QUALNAME
 
 # Methods the plugin runs under PP and DP.
-SUPPORTED_PP_METHODS = ("ngram", "draft_model", "eagle", "eagle3", "mtp", "medusa", "custom_class")
+SUPPORTED_PP_METHODS = (
+    "ngram",
+    "draft_model",
+    "eagle",
+    "eagle3",
+    "mtp",
+    "medusa",
+    "custom_class",
+    "suffix",
+)
 
 # The platforms the plugin has a worker for (vllm_ppspec.worker).
 PLUGIN_PLATFORMS = ("cpu", "cuda")

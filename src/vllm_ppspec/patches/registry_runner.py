@@ -7,6 +7,25 @@ from vllm_ppspec.patches.patch import Patch
 
 RUNNER_PATCHES: tuple[Patch, ...] = (
     Patch(
+        module="vllm_ppspec.runner.drafter.suffix_requests",
+        when="runner",
+        targets=("vllm.v1.spec_decode.suffix_decoding:SuffixDecodingProposer.propose",),
+        why=(
+            "the suffix proposer ends, in its cache, every request missing from the step's "
+            "batch; the filled pipeline leaves each request out of all but one of every PP "
+            "steps, so its response tree would be dropped and rebuilt from the prompt"
+        ),
+        how=(
+            "the runner's propose_draft_token_ids runs vLLM's inside SuffixRequests.proposing, "
+            "which sets the cache's stop_request on its instance to a no-op for that call; "
+            "_update_states ends the requests the scheduler reports finished"
+        ),
+        upstream="none found; vllm/v1/spec_decode/suffix_decoding.py:SuffixDecodingProposer.propose",
+        remove_when="vLLM's suffix proposer ends only finished requests",
+        install=None,
+        attributes=("SuffixDecodingCache.stop_request",),
+    ),
+    Patch(
         module="vllm_ppspec.runner.drafter.scope",
         when="runner",
         targets=(

@@ -66,6 +66,7 @@ from vllm_ppspec.runner.clocks import Clocks  # noqa: E402
 from vllm_ppspec.runner.drafter import dp_hook, eagle3  # noqa: E402
 from vllm_ppspec.runner.drafter.embedding_handover import give_drafter_the_target_embedding  # noqa: E402
 from vllm_ppspec.runner.drafter.scope import isolate_drafter  # noqa: E402
+from vllm_ppspec.runner.drafter.suffix_requests import SuffixRequests, for_drafter  # noqa: E402
 from vllm_ppspec.runner.health.peer_watch import watch_pp_peers  # noqa: E402
 from vllm_ppspec.runner.health.placement import peer_watch_host  # noqa: E402
 from vllm_ppspec.runner.health.startup_check import agree, fingerprint  # noqa: E402
@@ -94,6 +95,7 @@ class PPSpecRunnerMixin:
     _ppspec_steps: Steps = Steps()
     _ppspec_step_count: int = 0  # execute_model calls on this rank
     _ppspec_state: StepState = StepState(-1, None)  # the step now between its hooks
+    _ppspec_suffix: SuffixRequests | None = None  # the last rank's suffix drafter
 
     @property
     def ppspec_active(self) -> bool:
@@ -160,6 +162,10 @@ class PPSpecRunnerMixin:
         )
         if is_last:
             isolate_drafter(self.drafter)  # type: ignore[attr-defined]
+            self._ppspec_suffix = for_drafter(
+                self.drafter,  # type: ignore[attr-defined]
+                self.speculative_config.method,
+            )
         # Every PP rank, once, here, in this order on the PP gloo group: the
         # placement check (health/placement.py), then the peer watch's address
         # exchange. A dead peer ends this worker (health/peer_watch.py), over the
@@ -246,6 +252,8 @@ class PPSpecRunnerMixin:
     # ------------------------------------------------------------------
     def _update_states(self, scheduler_output: SchedulerOutput) -> Any:
         steps, view = self._ppspec_steps, self._ppspec_view
+        if self._ppspec_suffix is not None:
+            self._ppspec_suffix.finished(scheduler_output.finished_req_ids)
         steps.before_update(view, scheduler_output)
         deferred = super()._update_states(scheduler_output)  # type: ignore[misc]
         steps.after_update(view, scheduler_output)
@@ -274,6 +282,13 @@ class PPSpecRunnerMixin:
         super()._update_states_after_model_execute(  # type: ignore[misc]
             output_token_ids, scheduler_output
         )
+
+    def propose_draft_token_ids(self, *args: Any, **kwargs: Any) -> Any:
+        vllm_propose = super().propose_draft_token_ids  # type: ignore[misc]
+        if self._ppspec_suffix is None:
+            return vllm_propose(*args, **kwargs)
+        with self._ppspec_suffix.proposing():
+            return vllm_propose(*args, **kwargs)
 
     def _pp_broadcast_prev_sampled_token_ids(self, sampled_token_ids: torch.Tensor) -> None:
         vllm_broadcast = super()._pp_broadcast_prev_sampled_token_ids  # type: ignore[misc]
