@@ -20,7 +20,9 @@ RUNNER_PATCHES: tuple[Patch, ...] = (
             "which sets the cache's stop_request on its instance to a no-op for that call; "
             "_update_states ends the requests the scheduler reports finished"
         ),
-        upstream="none found; vllm/v1/spec_decode/suffix_decoding.py:SuffixDecodingProposer.propose",
+        upstream=(
+            "none found; vllm/v1/spec_decode/suffix_decoding.py:SuffixDecodingProposer.propose"
+        ),
         remove_when="vLLM's suffix proposer ends only finished requests",
         install=None,
         attributes=("SuffixDecodingCache.stop_request",),
