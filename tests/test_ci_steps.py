@@ -34,6 +34,7 @@ REAL = [
 # The stand-ins: run with bash (scripts) or executed (the interpreters).
 STAND_INS = [
     "scripts/setup.sh",
+    "scripts/setup_suffix.sh",
     "scripts/setup_overlay.sh",
     "scripts/downloads.sh",
     "scripts/check_wheel.sh",
@@ -106,6 +107,7 @@ def test_the_ci_run_passes_when_every_command_passes(tmp_path):
     assert out.returncode == 0, out.stdout + out.stderr
     for call in [
         "scripts/setup.sh",
+        "scripts/setup_suffix.sh",
         "scripts/downloads.sh wait vllm-0.33.0",
         "scripts/setup_overlay.sh",
         "scripts/downloads.sh wait vllm-0.34.0",

@@ -42,13 +42,14 @@ def facts(**kw) -> Facts:
 TABLE = [
     # V1 is vLLM's choice (CPU, no Triton, VLLM_USE_V2_MODEL_RUNNER=0, a V2-only feature missing)
     *[(facts(method=m), P) for m in METHODS],
-    *[(facts(method=m), V1) for m in ("suffix", "ngram_gpu", "dflash", "dspark")],
+    # a method the plugin does not run: its worker, to refuse it naming why (unserved.py)
+    *[(facts(method=m), P) for m in ("ngram_gpu", "dflash", "dspark", "mlp_speculator")],
     (facts(auto="off"), V1),
     (facts(auto="always"), P),
     # DP > 1 with spec on a MoE target (one engine across DP ranks): as under PP
     *[(facts(pp=1, dp=2, moe=True, method=m), P) for m in METHODS],
     *[(facts(pp=2, dp=2, moe=m == "mtp", method=m), P) for m in METHODS],
-    (facts(pp=1, dp=2, moe=True, method="suffix"), V1),
+    (facts(pp=1, dp=2, moe=True, method="ngram_gpu"), P),
     (facts(pp=1, dp=2, moe=True, auto="off"), V1),
     (facts(pp=1, dp=2, moe=True, v2_by_default=True), V2),
     (facts(pp=1, dp=2, moe=True, v2_required="VLLM_USE_V2_MODEL_RUNNER=1"), V2),
@@ -171,8 +172,27 @@ MOE_SPECS = {
 }
 
 
+# Methods for which vLLM 0.32/0.33 keep the V1 runner even where V2 is the
+# default (VllmConfig._get_v2_model_runner_unsupported_features).
+V1_ONLY = ("medusa", "custom_class", "suffix")
+
+
+def _v1_only_spec(models, method: str) -> dict:
+    from tests.conftest import MODELS_DIR
+    from vllm_ppspec_tools.fixtures.method_drafters import build_method_drafters
+
+    spec: dict = {"method": method, "num_speculative_tokens": 3}
+    if method == "medusa":
+        spec["model"] = build_method_drafters(MODELS_DIR, models)["medusa_succ"]
+    elif method == "custom_class":
+        spec["model"] = "vllm_ppspec_tools.fixtures.succ_proposer.SuccProposer"
+    return spec
+
+
 def spec_line(models, method: str, moe: bool) -> tuple[str, dict, dict]:
     """(target path, speculative config, other EngineArgs) for ``method``."""
+    if method in V1_ONLY:
+        return models["moe" if moe else "target"], _v1_only_spec(models, method), {}
     if method not in DENSE_SPECS:
         pytest.skip(
             f"no tiny config for method {method!r} here yet: add it to DENSE_SPECS/MOE_SPECS"
@@ -229,10 +249,17 @@ def test_auto_selects_the_plugin_only_where_vllm_runs_v1(
     triton(has_triton)
     _use_v2_env(monkeypatch, use_v2)
     target, spec, extra = spec_line(models, method, moe)
-    cfg = _config(
-        target, pipeline_parallel_size=pp, data_parallel_size=dp, speculative_config=spec, **extra
-    )
+    shape = dict(pipeline_parallel_size=pp, data_parallel_size=dp, speculative_config=spec)
+    if method in V1_ONLY and use_v2 == "1":
+        # V2 asked for a method only V1 runs: vLLM's own refusal, whoever serves.
+        with pytest.raises(ValueError, match="Model Runner V2 does not yet support") as e:
+            _config(target, **shape, **extra)
+        assert "vllm-ppspec" not in str(e.value)
+        return
+    cfg = _config(target, **shape, **extra)
     worker, v2 = _served_by(cfg)
+    if method in V1_ONLY:
+        runner_v1 = True  # vLLM keeps V1 for it, Triton or not
     plugin = line and runner_v1
     assert acts(cfg) is plugin
     assert plugin_mode(cfg) is (Mode.OFF if not plugin or pp == 1 else Mode.SYNC)
@@ -296,19 +323,20 @@ def test_no_pp_or_no_spec_is_vllms_own_choice(models, triton, has_triton):
         assert v2 is has_triton
 
 
-def test_a_method_the_plugin_does_not_serve_keeps_vllms_behaviour(models, triton, monkeypatch):
-    """A method outside the plugin's list is vLLM's: on V1 it meets vLLM's own
-    behaviour, not the plugin's refusal."""
+@pytest.mark.parametrize("pp", [2, 3])
+def test_a_method_the_plugin_does_not_run_is_refused_naming_why_on_the_plain_line(
+    models, triton, pp
+):
+    """Where vLLM runs V1 and its own worker would fail at start-up under PP, a
+    method the plugin does not run is refused at config time, naming why and
+    what to run instead (unserved.py), with no --worker-cls."""
     triton(False)
-    target, spec = tiny_spec(models, "draft_copy", 3)
-    spec = {**spec, "method": "suffix"}
-    spec.pop("model")
-    try:
-        cfg = _config(models[target], pipeline_parallel_size=2, speculative_config=spec)
-    except ImportError as e:  # vLLM's own refusal: arctic-inference missing (0.32, 0.33)
-        assert "vllm-ppspec" not in str(e)
-    else:
-        assert not cfg.parallel_config.worker_cls.startswith("vllm_ppspec")
+    spec = {"method": "ngram_gpu", "num_speculative_tokens": 3, "prompt_lookup_max": 3}
+    with pytest.raises(ValueError) as e:
+        _config(models["target"], pipeline_parallel_size=pp, speculative_config=spec)
+    message = str(e.value)
+    assert "speculative method 'ngram_gpu' with pipeline parallelism" in message, message
+    assert "CUDA buffers and events" in message and "use method 'ngram'" in message, message
 
 
 def test_explicit_plugin_worker_forces_v1_over_v2s_default(models, triton):

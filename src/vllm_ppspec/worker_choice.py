@@ -167,8 +167,11 @@ def decide(f: Facts) -> Decision:
         v = Choice.VLLM_V2 if f.v2_by_default else Choice.VLLM_V1
         return Decision(v, f"{AUTO_ENV} is off")
     if f.method not in SUPPORTED_PP_METHODS:
-        v = Choice.VLLM_V2 if f.v2_by_default else Choice.VLLM_V1
-        return Decision(v, f"method {f.method!r} is not one the plugin runs")
+        if f.v2_by_default:
+            return Decision(Choice.VLLM_V2, "vLLM picks Model Runner V2, which serves it itself")
+        # vLLM's V1 worker fails on this line at start-up; the plugin's worker
+        # refuses it at config time naming why (unserved.py, refusals.py).
+        return Decision(Choice.PLUGIN, f"method {f.method!r} under PP on V1: refused, naming why")
     if f.v2_by_default and f.auto != "always":
         return Decision(Choice.VLLM_V2, "vLLM picks Model Runner V2, which serves it itself")
     if f.v2_by_default:
