@@ -408,7 +408,6 @@ def test_the_plugins_worker_named_off_its_lines_refuses_nothing(pp, dp, moe):
     """PP = 1 with a dense DP (independent DP=1 engines) or no DP: the plugin's
     worker runs as vLLM's own V1 worker, whatever the method."""
     from vllm_ppspec.patches.config.refusals import pp_spec_unsupported
-    from vllm_ppspec.worker_choice import SUPPORTED_PP_METHODS
 
     assert pp_spec_unsupported(_pp_spec_namespace("mp", False, "ngram_gpu", pp, dp, moe)) == []
 
