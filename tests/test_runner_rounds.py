@@ -282,6 +282,8 @@ def _set_up_runner(monkeypatch, spec: bool):
     runner = Runner()
     for name in ("requests", "input_batch", "discard_request_mask", "_draft_token_ids"):
         setattr(runner, name, None)
+    runner._draft_token_req_ids = None
+    runner._get_draft_token_ids_cpu = lambda: ([], [])
     runner.take_draft_token_ids = lambda: None
     runner.use_async_spec_decode = False
     runner.vllm_config = None  # check_engine_mode stands in above

@@ -12,6 +12,9 @@ the runner's mode across PP ranks (``runner/health/startup_check.py``).
   carries every token a rank needs: no per-round exchange.
 * ``LANES``: async scheduling. Requests are pinned to lanes, PP + 1 batches in
   flight; the last rank sends each round to the others, one way.
+* ``EXTERNAL``: the external launcher (torchrun: one engine per rank, vLLM's
+  own scheduler, one batch); the last rank broadcasts each step's sampled
+  tokens and drafts to the others (``runner/steps/external.py``).
 """
 
 from __future__ import annotations
@@ -31,12 +34,18 @@ class Mode(enum.Enum):
     OFF = "off"
     SYNC = "sync"
     LANES = "async with lanes"
+    EXTERNAL = "external launcher"
 
 
-def mode_of(acts: bool, pp_size: int, async_scheduling: bool) -> Mode:
-    """The mode of a line; ``acts``: the plugin acts on it (``worker_choice.acts``)."""
+def mode_of(
+    acts: bool, pp_size: int, async_scheduling: bool, external_launcher: bool = False
+) -> Mode:
+    """The mode of a line; ``acts``: the plugin acts on it (``worker_choice.acts``);
+    ``external_launcher``: ``--distributed-executor-backend external_launcher``."""
     if not acts or pp_size <= 1:
         return Mode.OFF
+    if external_launcher:
+        return Mode.EXTERNAL
     return Mode.LANES if async_scheduling else Mode.SYNC
 
 
@@ -48,6 +57,8 @@ def batches_in_flight(mode: Mode, pp_size: int) -> int:
     """Batches the engine keeps in flight in ``mode`` (not OFF)."""
     if mode is Mode.LANES:
         return pp_size + 1
+    if mode is Mode.EXTERNAL:
+        return 1
     return 1 if one_batch() else pp_size
 
 

@@ -34,6 +34,8 @@ UNPATCHED_NAMES: tuple[tuple[str, str], ...] = (
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.sample_tokens"),
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._update_states"),
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.propose_draft_token_ids"),
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._sample"),
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._get_draft_token_ids_cpu"),
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._update_states_after_model_execute"),
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._copy_valid_sampled_token_count"),
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._pp_broadcast_prev_sampled_token_ids"),

@@ -21,8 +21,8 @@ object with no part. The parts:
   ranks started differently end the engine.
 
 Every vLLM private name the package uses is listed in
-:mod:`vllm_ppspec.version_guard`. PP + spec with the external-launcher
-(torchrun) PP mode is refused by the config check and again here.
+:mod:`vllm_ppspec.version_guard`. With the external launcher (torchrun, one
+engine per rank) the mode is ``EXTERNAL`` (``steps/external.py``).
 
 Collectives the plugin adds, on every rank of the PP group unless said:
 
@@ -38,7 +38,9 @@ Collectives the plugin adds, on every rank of the PP group unless said:
   ``broadcast`` from the first rank (``embedding_handover``);
 * per step, ``LANES``: one round message from the last rank to each other
   rank (``isend`` there, ``irecv`` on each receiver, gloo ``cpu_group``; see
-  ``steps.lanes`` for who posts it when); none in ``SYNC``;
+  ``steps.lanes`` for who posts it when); ``EXTERNAL``: one ``broadcast``
+  from the last rank per ``sample_tokens``, every rank (``steps.external``);
+  none in ``SYNC``;
 * at DP > 1 (MoE targets), per drafter run, on every rank holding a drafter,
   whatever the mode: one ``all_gather`` on the DP group's ``cpu_group`` before
   the drafter's first forward (:mod:`vllm_ppspec.protocol.dp_agreement`).
@@ -128,19 +130,13 @@ class PPSpecRunnerMixin:
         pp = get_pp_group()
         # This runner is the plugin's worker's: the plugin acts where the line is its.
         acts = plugin_line(*line_of(self))
-        mode = mode_of(acts, pp.world_size, self.use_async_scheduling)
+        mode = mode_of(acts, pp.world_size, self.use_async_scheduling, self.broadcast_pp_output)
         is_last = pp.is_last_rank
         # DP > 1 (MoE targets): this rank's drafter agrees with the other DP
         # ranks' on each run (protocol/dp_agreement.py), in every mode.
         self._ppspec_install_dp_agreement()
         if mode is Mode.OFF:
             return
-        if self.broadcast_pp_output:
-            raise ValueError(
-                "vllm-ppspec does not support speculative decoding with the "
-                "external_launcher (torchrun) PP mode; use the default mp executor "
-                "(--distributed-executor-backend mp) or remove --speculative-config."
-            )
         check_engine_mode(self.vllm_config, mode)  # type: ignore[attr-defined]
         # The plugin's first collective: every PP rank was started the same way
         # (one host or several), or every rank refuses (health/startup_check.py).
@@ -298,9 +294,14 @@ class PPSpecRunnerMixin:
         steps, view, state = self._ppspec_steps, self._ppspec_view, self._ppspec_state
         with self.ppspec_clocks.timing("total_step_s"):
             steps.before_sample(view, state)
-            output = super().sample_tokens(grammar_output)  # type: ignore[misc]
+            with steps.sampling(self):
+                output = super().sample_tokens(grammar_output)  # type: ignore[misc]
             steps.after_sample(view, state, output)
         return output
+
+    def _sample(self, logits: Any, spec_decode_metadata: Any) -> Any:
+        vllm_sample = super()._sample  # type: ignore[misc]
+        return self._ppspec_steps.sample(vllm_sample, logits, spec_decode_metadata)
 
     def ppspec_shutdown(self) -> None:
         """The worker shuts down: the mode's steps end theirs."""

@@ -18,6 +18,9 @@ RUNNER_ATTRIBUTES: tuple[str, ...] = (
     "input_batch",  # num_reqs, req_ids, req_id_to_index, num_accepted_tokens_cpu
     "discard_request_mask",  # .np: rows whose sample is dropped (partial prefills)
     "_draft_token_ids",  # this step's drafts on the last rank
+    "_draft_token_req_ids",  # their request ids (external launcher: set on the others)
+    "_get_draft_token_ids_cpu",  # () -> (drafts as lists, req ids), not taken
+    "num_spec_tokens",  # k
     "take_draft_token_ids",  # () -> DraftTokenIds | None, last rank
     "use_async_scheduling",  # the runner's async flags, set to its sync path in lanes
     "use_async_spec_decode",
@@ -66,6 +69,15 @@ class RunnerView:
 
     def take_drafts(self) -> Any:
         return self._runner.take_draft_token_ids()
+
+    def drafts_no_take(self) -> list[list[int]]:
+        """This step's drafts as lists, left for vLLM's own take."""
+        drafts, _ = self._runner._get_draft_token_ids_cpu()
+        return [list(map(int, row)) for row in drafts]
+
+    @property
+    def num_spec_tokens(self) -> int:
+        return int(self._runner.num_spec_tokens)
 
     @property
     def accepted_counts_event(self) -> Any:

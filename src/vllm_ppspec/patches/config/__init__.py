@@ -140,6 +140,8 @@ def plugin_mode(vllm_config: Any) -> Mode:
         acts(vllm_config),
         int(vllm_config.parallel_config.pipeline_parallel_size),
         bool(vllm_config.scheduler_config.async_scheduling),
+        getattr(vllm_config.parallel_config, "distributed_executor_backend", None)
+        == "external_launcher",
     )
 
 

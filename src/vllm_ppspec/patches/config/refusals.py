@@ -49,10 +49,14 @@ def pp_spec_unsupported(vllm_config: Any) -> list[str]:
             "rank): unset VLLM_USE_RAY_V2_EXECUTOR_BACKEND (vLLM's default RayExecutorV2 "
             "runs it), drop --async-scheduling, or use --distributed-executor-backend mp"
         )
-    if vllm_config.parallel_config.distributed_executor_backend == "external_launcher":
+    if (
+        vllm_config.parallel_config.distributed_executor_backend == "external_launcher"
+        and vllm_config.scheduler_config.async_scheduling
+    ):
         reasons.append(
-            "speculative decoding with the external_launcher PP mode under vllm-ppspec "
-            "(use --distributed-executor-backend mp)"
+            "async scheduling with the external_launcher PP mode under vllm-ppspec (each "
+            "rank's engine takes the last rank's tokens once per step): drop "
+            "--async-scheduling"
         )
     return reasons
 

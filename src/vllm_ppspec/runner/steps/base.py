@@ -83,6 +83,14 @@ class Steps(Part):
     def drafter_scope(self, runner: Any) -> contextlib.AbstractContextManager[None]:
         return contextlib.nullcontext()
 
+    def sample(self, vllm_sample: Any, logits: Any, spec_decode_metadata: Any) -> Any:
+        """vLLM's ``_sample`` (external launcher's other ranks: the last rank's tokens)."""
+        return vllm_sample(logits, spec_decode_metadata)
+
+    def sampling(self, runner: Any) -> contextlib.AbstractContextManager[None]:
+        """Around vLLM's ``sample_tokens`` (external launcher's other ranks: no drafter)."""
+        return contextlib.nullcontext()
+
 
 class ActiveSteps(Steps):
     """A mode's steps on one rank: its parts' hooks, in order."""

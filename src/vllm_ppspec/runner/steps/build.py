@@ -15,6 +15,8 @@ mode       last rank                                        other ranks
 ``SYNC``   ``DeliverDrafts``                                ``RestoreOutputTokens``
 ``LANES``  ``LaneSender``                                   ``LaneReceiver``,
                                                             ``RestoreOutputTokens``
+``EXTER-`` ``SendRound``                                    ``ExternalReceiverSteps``
+``NAL``                                                     (no part)
 =========  ===============================================  ======================
 
 :func:`check_engine_mode` refuses a runner whose engine does not run the
@@ -30,6 +32,7 @@ from vllm_ppspec.protocol import faults
 from vllm_ppspec.protocol.rounds import RoundChannel
 from vllm_ppspec.runner.clocks import Clocks
 from vllm_ppspec.runner.steps.base import ActiveSteps, Part, Steps, StepState
+from vllm_ppspec.runner.steps.external import ExternalReceiverSteps, RoundBroadcast, SendRound
 from vllm_ppspec.runner.steps.hybrid import RestoreAcceptedCounts
 from vllm_ppspec.runner.steps.lanes import LaneReceiver, LaneSender
 from vllm_ppspec.runner.steps.relay import RelayEagle3
@@ -68,6 +71,11 @@ def build_steps(
         return Steps()
     is_last = pp.is_last_rank
     parts: list[Part] = []
+    if mode is Mode.EXTERNAL:
+        broadcast = RoundBroadcast(pp.cpu_group, pp.last_rank, capacity, k)
+        if is_last:
+            return ActiveSteps(mode, [SendRound(broadcast)], hides_drafter=False)
+        return ExternalReceiverSteps([], broadcast)
     if mode is Mode.SYNC:
         parts.append(DeliverDrafts() if is_last else RestoreOutputTokens())
     else:
