@@ -19,6 +19,7 @@ V1_RUNNER_MODULES: tuple[str, ...] = (
     "vllm.v1.worker.cpu_model_runner",
     "vllm.v1.spec_decode.llm_base_proposer",
     "vllm.v1.spec_decode.draft_model",
+    "vllm.v1.spec_decode.suffix_decoding",
     "vllm.v1.spec_decode.utils",
     "vllm.v1.sample.rejection_sampler",
 )

@@ -200,8 +200,13 @@ EXPLAINED_DRIFT: dict[str, dict[str, str]] = {
             "of self.drafter, which the plugin hides on non-last ranks, are unchanged"
         ),
         "vllm.v1.worker.gpu_model_runner:GPUModelRunner.__init__": (
-            "the medusa proposer is gone; the plugin never runs medusa under PP "
-            "(patches.config.SUPPORTED_PP_METHODS) and calls __init__ unchanged"
+            "the medusa proposer is gone (0.33's config has no medusa method; the plugin "
+            "runs medusa on 0.32 only) and the plugin calls __init__ unchanged"
+        ),
+        "vllm.v1.worker.gpu_model_runner:GPUModelRunner.propose_draft_token_ids": (
+            "its medusa branch is gone with 0.33's medusa proposer; the plugin's override "
+            "(runner/mixin.py) calls it unchanged, inside the suffix drafter's scope "
+            "(runner/drafter/suffix_requests.py) for method suffix only"
         ),
         "vllm.v1.core.sched.scheduler:Scheduler.__init__": (
             "new state (deferred async loads, local prefill cadence, can_skip_drafts, "
