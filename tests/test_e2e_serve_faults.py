@@ -53,15 +53,22 @@ pytestmark = pytest.mark.e2e
 MAX_MODEL_LEN = 512
 
 
-def _args(models, drafter: str, *extra: str) -> list[str]:
+def _args(models, drafter: str, *extra: str, max_model_len: int = MAX_MODEL_LEN) -> list[str]:
     _, spec = tiny_spec(models, drafter, 3)
-    return [*serve_args(models["target"], "tiny", MAX_MODEL_LEN, *extra), *pp_spec_args(2, spec)]
+    return [*serve_args(models["target"], "tiny", max_model_len, *extra), *pp_spec_args(2, spec)]
 
 
 def _start(
-    models, tmp_path: Path, name: str, drafter: str, *extra: str, env: dict | None = None
+    models,
+    tmp_path: Path,
+    name: str,
+    drafter: str,
+    *extra: str,
+    env: dict | None = None,
+    max_model_len: int = MAX_MODEL_LEN,
 ) -> Server:
-    srv = Server(name, _args(models, drafter, *extra), {**cpu_env(2), **(env or {})}, tmp_path)
+    args = _args(models, drafter, *extra, max_model_len=max_model_len)
+    srv = Server(name, args, {**cpu_env(2), **(env or {})}, tmp_path)
     srv.wait_ready(timeout=300)  # stops the server if it fails
     return srv
 
@@ -92,16 +99,27 @@ def _session_procs(sid: int) -> dict[int, str]:
 DELIVERY_S = 1.0
 
 
+# The SIGKILL cases' requests: long enough (about 2000 steps each) that none
+# ends before the kill, however fast the server runs (with 504 tokens, one of
+# the two cases saw every request end first in two landing rehearsals).
+KILL_MODEL_LEN = 2048
+
+
 @pytest.mark.parametrize("victim", ["Worker_PP0", "Worker_PP1"])
 def test_sigkill_of_a_worker_fails_requests_and_the_server_promptly(models, tmp_path, victim):
     # 1 token per step; vLLM's processes spawned, as a user's (each worker then
     # carries its VLLM::Worker_PPr title, by which it is found and killed).
     srv = _start(
-        models, tmp_path, f"kill-{victim}", "draft_random", env={"PPSPEC_VLLM_START": "spawn"}
+        models,
+        tmp_path,
+        f"kill-{victim}",
+        "draft_random",
+        env={"PPSPEC_VLLM_START": "spawn"},
+        max_model_len=KILL_MODEL_LEN,
     )
     try:
         client = _client(srv, timeout=90)
-        n_tokens = MAX_MODEL_LEN - 8
+        n_tokens = KILL_MODEL_LEN - 8
         finished_at: dict[int, float] = {}  # when each request's call returned
 
         # Not streamed: 16 client threads parsing a chunk per token starved

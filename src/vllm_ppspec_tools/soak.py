@@ -47,6 +47,9 @@ from vllm_ppspec_tools.fixtures.server import Server, openai_client, pp_spec_arg
 SHARED_PREFIX = [3 + (13 * i) % 500 for i in range(40)]
 
 
+ABORT_MAX_TOKENS = 256  # with a prompt of at most 200 tokens: within max_model_len 512
+
+
 def make_requests(n: int, abort: float, sampled: float, seed: int = 0) -> list[dict[str, Any]]:
     """Deterministic request mix; ``kind`` is greedy, sampled or abort."""
     rng = random.Random(seed)
@@ -57,7 +60,12 @@ def make_requests(n: int, abort: float, sampled: float, seed: int = 0) -> list[d
         prompt = (SHARED_PREFIX + body)[:200] if i % 2 else body
         r = rng.random()
         kind = "abort" if r < abort else "sampled" if r < abort + sampled else "greedy"
-        out.append({"prompt": prompt, "max_tokens": rng.randint(8, 64), "kind": kind})
+        max_tokens = rng.randint(8, 64)
+        if kind == "abort":
+            # Long enough that the server cannot finish it before its client
+            # walks away after three chunks, however fast the server runs.
+            max_tokens = ABORT_MAX_TOKENS
+        out.append({"prompt": prompt, "max_tokens": max_tokens, "kind": kind})
     return out
 
 
