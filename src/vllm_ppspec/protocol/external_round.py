@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
-PAD_ID = -1
+from vllm_ppspec.protocol.accounting import PAD_ID
 
 
 def round_shape(capacity: int, k: int) -> tuple[int, int]:

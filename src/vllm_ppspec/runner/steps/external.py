@@ -89,9 +89,10 @@ class ExternalReceiverSteps(ActiveSteps):
 
         own = vllm_sample(logits, None) if spec_decode_metadata is None else None
         sampled, self.drafts = unpack_round(self.channel.receive(), self.channel.k)
-        rows = int(logits.shape[0]) if own is None else int(own.sampled_token_ids.shape[0])
-        if spec_decode_metadata is not None:
+        if own is None:  # a step with drafts: one row per request
             rows = len(spec_decode_metadata.num_draft_tokens)
+        else:
+            rows = int(own.sampled_token_ids.shape[0])
         if sampled.shape[0] != rows:
             raise RuntimeError(
                 f"vllm-ppspec: the last PP rank sampled {sampled.shape[0]} requests this step, "
