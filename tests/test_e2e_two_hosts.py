@@ -239,16 +239,31 @@ def _worker_pid(log: str) -> int:
 
 # The link cut for good (no FIN, no reset): tests/test_e2e_link_faults.py, whose
 # bound is the peer watch's keepalive (15 s) and 30 s, after an 8 s stall.
-FAULTS = ["kill-worker-host0", "kill-worker-host1", "kill-host1"]
+FAULTS = [
+    "kill-worker-host0",
+    "kill-worker-host1",
+    "stop-worker-host0",
+    "stop-worker-host1",
+    "kill-host1",
+]
+# A killed process is seen at once (its kernel closes its sockets): 10 s. A
+# stopped one (SIGSTOP: its kernel still answers TCP) by its missing beats,
+# runner/health/heartbeat.py: VLLM_PPSPEC_PEER_KEEPALIVE_S (15 s), within 30 s.
+HEALTH_BOUND_S = {"stop-worker-host0": 30.0, "stop-worker-host1": 30.0}
+GUARDIAN_LINE = "has not run for"
 
 
 @pytest.mark.parametrize("fault", FAULTS)
 def test_a_fault_across_hosts_fails_requests_and_ends_both_hosts(hosts, models, tmp_path, fault):
     """Each fault with 16 requests decoding (draft_random: one token per step):
     every request in flight ends with an error, ``/health`` stops answering
-    200 within 10 s, and no vLLM process is left on either host after 30 s.
-    ``kill-host1`` (SIGKILL of host 1's process 1: the kernel kills everything
-    there) runs last: the hosts are not usable after it."""
+    200 within 10 s (30 s for a stopped worker), and no vLLM process is left
+    on either host after 30 s. ``stop-worker-host*``: SIGSTOP of a host's
+    worker (frozen; its kernel keeps its connections): the other host's
+    worker declares it gone by its missing heartbeat, naming it, and its own
+    guardian SIGKILLs it, so that its host ends too. ``kill-host1`` (SIGKILL
+    of host 1's process 1: the kernel kills everything there) runs last: the
+    hosts are not usable after it."""
     pipe = Pipeline(hosts, models, "draft_random", tmp_path)
     h0, h1 = hosts.nodes
     try:
@@ -274,11 +289,15 @@ def test_a_fault_across_hosts_fails_requests_and_ends_both_hosts(hosts, models, 
             os.kill(h0.root_pid(_worker_pid(pipe.logs[0].read_text())), signal.SIGKILL)
         elif fault == "kill-worker-host1":
             os.kill(h1.root_pid(_worker_pid(pipe.logs[1].read_text())), signal.SIGKILL)
+        elif fault.startswith("stop-worker-host"):
+            r = int(fault[-1])
+            os.kill(hosts.nodes[r].root_pid(_worker_pid(pipe.logs[r].read_text())), signal.SIGSTOP)
         else:
             h1.kill_host()
         in_flight = set(range(16)) - finished
+        bound = HEALTH_BOUND_S.get(fault, 10.0)
         while pipe.health() == 200:
-            assert time.monotonic() - t_fault < 10, "/health still answers 200 after 10 s"
+            assert time.monotonic() - t_fault < bound, f"/health still 200 after {bound:.0f} s"
             time.sleep(0.2)
         unhealthy_after = time.monotonic() - t_fault
         results = [f.result(timeout=60) for f in futures]  # no hang
@@ -296,3 +315,11 @@ def test_a_fault_across_hosts_fails_requests_and_ends_both_hosts(hosts, models, 
         )
     finally:
         pipe.stop()
+    if fault.startswith("stop-worker-host"):
+        r = int(fault[-1])
+        logs = [p.read_text() for p in pipe.logs]
+        # The other host names the frozen one (rank and address) by its beats.
+        other, frozen = logs[1 - r], hosts.nodes[r].host.addr
+        assert f"PP rank {r} at {frozen}:" in other and "no heartbeat for" in other, other[-3000:]
+        # The frozen host's guardian ended its worker.
+        assert GUARDIAN_LINE in logs[r], logs[r][-3000:]

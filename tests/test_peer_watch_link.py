@@ -80,3 +80,74 @@ def test_a_stalled_link_ends_nothing_and_a_lost_one_is_noticed_within_the_bound(
             for proc in procs:
                 proc.kill()
                 proc.wait()
+
+
+# Both ends beat (runner/health/heartbeat.py, the default bound) over the veth
+# link, each watching the other with the watch's own loop.
+BEATING = """
+import os, socket, sys
+from vllm_ppspec.runner.health.heartbeat import Heartbeat
+from vllm_ppspec.runner.health.keepalive import keepalive_s, set_keepalive
+from vllm_ppspec.runner.health.peer_watch import first_gone
+rank, mine, theirs = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+udp.bind((mine, 7001))
+if rank == 0:
+    listener = socket.create_server((mine, 7000))
+    print("listening", flush=True)
+    sock, _ = listener.accept()
+else:
+    sock = socket.create_connection((theirs, 7000), timeout=10, source_address=(mine, 0))
+sock.settimeout(None)
+set_keepalive(sock)
+tokens = {0: b"0" * 16, 1: b"1" * 16}
+hb = Heartbeat(rank, tokens[rank], udp, {1 - rank: ((theirs, 7001), tokens[1 - rank])},
+               float(keepalive_s()))
+print("connected", flush=True)
+peer, seen = first_gone({1 - rank: sock}, hb)
+print("gone", peer, seen, flush=True)
+"""
+
+
+def test_beating_peers_ride_out_a_stalled_link_and_name_a_cut_one_silent():
+    """The beats are datagrams: a 10 s stall holds none of them back for
+    TCP's backoff (after it the next beat arrives at once), so it ends
+    nothing; the link cut for good is named by the missing beats within the
+    bound."""
+    assert STALL_S <= SURVIVED_S
+    with veth_hosts("beat") as (a, b):
+        procs = []
+        try:
+            for rank, (me, other) in enumerate(((a, b), (b, a))):
+                proc = subprocess.Popen(
+                    me.cmd(sys.executable, "-c", BEATING, str(rank), me.addr, other.addr),
+                    stdout=subprocess.PIPE,
+                    text=True,
+                )
+                procs.append(proc)
+                assert proc.stdout is not None
+                if rank == 0:
+                    assert proc.stdout.readline().strip() == "listening"
+            for proc in procs:
+                assert proc.stdout is not None
+                assert proc.stdout.readline().strip() == "connected"
+            time.sleep(2.0)
+            link_down(a)
+            time.sleep(STALL_S)
+            link_up(a)
+            time.sleep(2.0 + SLACK_S)
+            assert [p.poll() for p in procs] == [None, None], "a stalled link's peer reported gone"
+            cut = time.monotonic()
+            link_down(a)
+            watcher = procs[1]
+            assert watcher.stdout is not None
+            line = watcher.stdout.readline().strip()
+            noticed = time.monotonic() - cut
+            silent = "no heartbeat for" in line or "Connection timed out" in line
+            assert line.startswith("gone 0 ") and silent, line
+            assert DEFAULT_KEEPALIVE_S - SLACK_S <= noticed <= GONE_BY_S + SLACK_S, noticed
+            print(f"beating: a {STALL_S:.0f} s stall survived; cut noticed after {noticed:.1f} s")
+        finally:
+            for proc in procs:
+                proc.kill()
+                proc.wait()

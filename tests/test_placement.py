@@ -9,13 +9,16 @@ network and ``--ipc=host``), and nothing telling them how many nodes there
 are. Each rank picks its peer-watch address (``runner/health/placement.py``)
 and connects its peer watch; the same two ranks in the root namespace use
 the loopback. Under Ray the address is Ray's node IP, not ``get_ip()``'s (a
-stand-in for ``ray``).
+stand-in for ``ray``). With ``GLOO_SOCKET_IFNAME`` set, the watch is on the PP
+data's path: that interface's address, whatever ``VLLM_HOST_IP`` or the
+default route say.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import subprocess
 import sys
 import types
 from pathlib import Path
@@ -24,7 +27,7 @@ import pytest
 
 from tests.delay_ranks import run_json_ranks
 from vllm_ppspec.runner.health import placement
-from vllm_ppspec_tools.hosts.netns import veth_hosts
+from vllm_ppspec_tools.hosts.netns import _ip, bare_hosts, veth_hosts
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -53,7 +56,7 @@ def _free_port() -> int:
 def _env(**extra: str) -> dict[str, str]:
     """This environment without VLLM_HOST_IP, with the repository and ``extra``."""
     env = {k: v for k, v in os.environ.items() if k != "VLLM_HOST_IP"}
-    return {**env, "PYTHONPATH": str(REPO), **extra}
+    return {**env, "PYTHONPATH": f"{REPO / 'src'}:{REPO}", **extra}
 
 
 @pytest.mark.parametrize("shm", ["own", "shared"])
@@ -159,3 +162,54 @@ def test_the_remote_read_patch_is_installed_whatever_nnodes_says(monkeypatch):
     engine.scheduler = SimpleNamespace(ppspec_mode=Mode.LANES)
     EngineCore.post_step(engine, True)  # type: ignore[arg-type]
     assert getattr(MessageQueue.dequeue, remote_reads._FLAG, False)
+
+
+def test_with_gloo_s_interface_set_the_watch_listens_on_its_address(monkeypatch):
+    """``GLOO_SOCKET_IFNAME`` names the interface gloo (the PP data on CPU)
+    binds: its address wins over ``VLLM_HOST_IP`` and ``get_ip()``'s guess."""
+    from vllm.utils import network_utils
+
+    monkeypatch.setenv("VLLM_HOST_IP", "192.0.2.1")  # TEST-NET-1: elsewhere
+    monkeypatch.setattr(network_utils, "get_ip", lambda: "192.0.2.1")
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
+    assert placement.node_address() == "127.0.0.1"
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo,eth9")  # gloo's first device
+    assert placement.node_address() == "127.0.0.1"
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "no-such-if")  # then vLLM's address
+    assert placement.node_address() == "192.0.2.1"
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME")
+    assert placement.node_address() == "192.0.2.1"
+
+
+ADDRESS = """
+from vllm_ppspec.runner.health import placement
+print(placement.node_address())
+"""
+
+
+def test_on_a_host_with_two_interfaces_the_watch_follows_gloo_s_not_the_default_route():
+    """A namespace with two interfaces (veth pairs, both ends in it), the
+    default route on the first: vLLM's
+    ``get_ip()`` guesses the first; gloo's interface is the second."""
+    with bare_hosts("gif", prefix="gi", net=236, count=1) as (host,):
+        subnet = host.addr.split(".")[2]
+        for name, net in (("gi0", 237), ("gi1", 238)):
+            _ip("-n", host.netns, "link", "add", name, "type", "veth", "peer", "name", f"{name}p")
+            _ip("-n", host.netns, "addr", "add", f"10.{net}.{subnet}.1/24", "dev", name)
+            _ip("-n", host.netns, "link", "set", name, "up")
+        _ip("-n", host.netns, "route", "add", "default", "via", f"10.237.{subnet}.2")
+        env = {k: v for k, v in _env().items() if k != "GLOO_SOCKET_IFNAME"}
+
+        def address(**extra: str) -> str:
+            out = subprocess.run(
+                host.cmd(sys.executable, "-c", ADDRESS),
+                env={**env, **extra},
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=True,
+            ).stdout
+            return out.strip().splitlines()[-1]
+
+        assert address() == f"10.237.{subnet}.1"  # get_ip(): the default route's
+        assert address(GLOO_SOCKET_IFNAME="gi1") == f"10.238.{subnet}.1"

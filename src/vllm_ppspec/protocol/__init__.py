@@ -14,4 +14,6 @@ counts, the DP agreement, fault switches. No module here imports vLLM."""
 #   3: the peer watch gathers (host, port, token, executor) and a connecting
 #      rank sends a hello (magic, its rank, its token), not its bare rank; a
 #      rank that stops in order sends each peer one goodbye byte
-PROTOCOL = 3
+#   4: the peer watch also gathers each rank's beat port, and every rank sends
+#      each peer a UDP beat (magic, its rank, its token) every interval
+PROTOCOL = 4

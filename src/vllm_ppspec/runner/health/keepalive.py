@@ -2,9 +2,11 @@
 
 The peer watch's connections (``peer_watch.py``) carry nothing but a goodbye,
 so a peer host that vanishes without closing them (its link cut, its power
-gone) is seen only by TCP keepalive. The one setting is the time from a
-peer's last sign of life to it being declared gone; the probes and the user
-timeout are derived from it, and so are the bounds the docs state
+gone) is seen by TCP keepalive, and a peer whose process is stopped or
+frozen (its kernel still answers) by its missing UDP beats
+(``heartbeat.py``). The one setting is the time from a peer's last sign of
+life to it being declared gone, for both; the probes, the user timeout and
+the beat interval are derived from it, and so are the bounds the docs state
 (:func:`keepalive_bounds`; docs/reliability.md, "Across hosts").
 """
 

@@ -1,16 +1,18 @@
 """Connect every pair of PP ranks once: one TCP connection per pair, proven by a hello.
 
-At runner set-up every PP rank listens on ``host`` (an ephemeral port) and the
-ranks exchange ``(host, port, token, executor)``: one ``all_gather_object`` on
-the PP group's gloo group, every rank, once. The token is 16 random bytes per
-rank; ``executor`` names the vLLM process that started the rank
-(:func:`executor_id`). The lower rank of each pair connects and sends a hello:
-a magic, its rank and its token. The higher rank accepts only a hello from a
-lower rank, with that rank's token, once per rank, within
-:data:`CONNECT_TIMEOUT_S`; any other connection (another rank number, garbage,
-closed early, silent) is closed and takes no slot. The listener is closed when
-every lower rank is in. The connections get the keepalive of ``keepalive.py``;
-``peer_watch.py`` watches them.
+At runner set-up every PP rank listens on ``host`` (an ephemeral port), opens
+a UDP socket there for its heartbeat (``heartbeat.py``), and the ranks
+exchange ``(host, port, token, executor, beat port)``: one
+``all_gather_object`` on the PP group's gloo group, every rank, once. The
+token is 16 random bytes per rank; ``executor`` names the vLLM process that
+started the rank (:func:`executor_id`). The lower rank of each pair
+connects, from ``host``, and sends a hello: a magic, its rank and its token.
+The higher rank accepts only a hello from a lower rank, with that rank's
+token, once per rank, within :data:`CONNECT_TIMEOUT_S`; any other connection
+(another rank number, garbage, closed early, silent) is closed and takes no
+slot. The listener is closed when every lower rank is in. The connections
+get the keepalive of ``keepalive.py``; ``peer_watch.py`` watches them and
+the beats.
 
 Process ids are not used to judge a peer (they mean nothing across hosts or
 pid namespaces). Only the parent's is read: :func:`executor_id` puts it with
@@ -30,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from vllm_ppspec.runner.health.heartbeat import Heartbeat
 from vllm_ppspec.runner.health.keepalive import keepalive_s, set_keepalive
 
 CONNECT_TIMEOUT_S = 30.0
@@ -57,7 +60,9 @@ def executor_id() -> str:
 class Peers(dict[int, socket.socket]):
     """Every other rank of the PP group -> its connection; ``rank``: this
     rank; ``same_executor``: the ranks this rank's executor started;
-    ``addresses``: each peer's address (``host:port`` of its peer watch)."""
+    ``addresses``: each peer's address (``host:port`` of its peer watch);
+    ``heartbeat``: this rank's beats to them and their silence (None: the
+    connections alone are watched)."""
 
     def __init__(
         self,
@@ -65,11 +70,13 @@ class Peers(dict[int, socket.socket]):
         socks: dict[int, socket.socket],
         same_executor: frozenset[int],
         addresses: dict[int, str] | None = None,
+        heartbeat: Heartbeat | None = None,
     ):
         super().__init__(socks)
         self.rank = rank
         self.same_executor = same_executor
         self.addresses = addresses or {}
+        self.heartbeat = heartbeat
 
     def name(self, rank: int) -> str:
         """``PP rank R at HOST:PORT``: the peer, and the host it is on."""
@@ -88,10 +95,13 @@ def connect_peers(cpu_group: Any, host: str) -> Peers:
     world = dist.get_world_size(cpu_group)
     total_s = keepalive_s()  # a bad value is refused before any connection
     token = secrets.token_bytes(TOKEN_BYTES)
-    listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.socket(family)
     listener.bind((host, 0))
     listener.listen(world)
-    mine = (host, listener.getsockname()[1], token, executor_id())
+    beats = socket.socket(family, socket.SOCK_DGRAM)
+    beats.bind((host, 0))
+    mine = (host, listener.getsockname()[1], token, executor_id(), beats.getsockname()[1])
     published: list[Any] = [None] * world
     dist.all_gather_object(published, mine, group=cpu_group)
     deadline = time.monotonic() + CONNECT_TIMEOUT_S
@@ -99,7 +109,9 @@ def connect_peers(cpu_group: Any, host: str) -> Peers:
     try:
         for peer in range(rank + 1, world):  # completes on the peer's backlog
             address = tuple(published[peer][:2])
-            sock = socket.create_connection(address, timeout=CONNECT_TIMEOUT_S)
+            sock = socket.create_connection(
+                address, timeout=CONNECT_TIMEOUT_S, source_address=(host, 0)
+            )
             sock.sendall(HELLO.pack(MAGIC, rank, token))
             socks[peer] = sock
         tokens = {r: published[r][2] for r in range(rank)}
@@ -107,6 +119,7 @@ def connect_peers(cpu_group: Any, host: str) -> Peers:
     except BaseException:
         for sock in socks.values():
             sock.close()
+        beats.close()
         raise
     finally:
         listener.close()
@@ -115,7 +128,14 @@ def connect_peers(cpu_group: Any, host: str) -> Peers:
         set_keepalive(sock, total_s)
     same = frozenset(r for r in socks if published[r][3] == mine[3])
     addresses = {r: _address(*published[r][:2]) for r in socks}
-    return Peers(rank, socks, same, addresses)
+    heartbeat = Heartbeat(
+        rank,
+        token,
+        beats,
+        {r: ((published[r][0], published[r][4]), published[r][2]) for r in socks},
+        float(total_s),
+    )
+    return Peers(rank, socks, same, addresses, heartbeat)
 
 
 def _address(host: str, port: int) -> str:

@@ -16,8 +16,13 @@ peer to it being declared gone: a probe every ``interval = max(1, total //
 link that stalls and comes back is answered at the next probe: a stall shorter
 than ``total - 2 * interval`` (13 s by default) ends nothing, a peer silent
 for good is gone ``total`` to ``total + interval`` s after its last sign
-(``keepalive.py``). A gone peer ends this worker (``rank_errors.end_worker``,
-naming the peer's rank and address) and vLLM stops the engine on this host.
+(``keepalive.py``). A peer whose process is stopped or frozen keeps its
+kernel answering the keepalive: the same thread therefore sends each peer a
+UDP beat every interval and declares a peer none of whose beats arrived for
+``total`` seconds gone (``heartbeat.py``); where a peer is on another
+executor, a guardian process ends this worker if this thread stops beating.
+A gone peer ends this worker (``rank_errors.end_worker``, naming the peer's
+rank and address) and vLLM stops the engine on this host.
 
 An orderly stop: a worker that vLLM shuts down (its executor stops it, or it
 gets SIGTERM) calls :func:`say_goodbye` (``runner/health/orderly_stop.py``):
@@ -48,6 +53,7 @@ import threading
 import time
 from typing import Any
 
+from vllm_ppspec.runner.health.heartbeat import Heartbeat
 from vllm_ppspec.runner.health.keepalive import KEEPALIVE_ENV
 from vllm_ppspec.runner.health.peer_links import Peers, connect_peers
 
@@ -57,6 +63,7 @@ SILENT = (
     f"its connection failed (Connection timed out): no answer for ${KEEPALIVE_ENV} "
     "seconds, its host is silent or the link to it is cut"
 )
+SILENT_PREFIX = "no heartbeat for"  # heartbeat.silent_message
 # A peer of this rank's own executor that is gone: wait this long before
 # ending this worker, for the executor's own shutdown (which, in vLLM's abort
 # mode, SIGKILLs every worker one after another) to end this one first.
@@ -65,15 +72,33 @@ SAME_EXECUTOR_GRACE_S = 0.25
 logger = logging.getLogger("vllm.ppspec")
 
 
-def first_gone(socks: dict[int, socket.socket]) -> tuple[int, str]:
-    """Block until a peer's connection ends or says goodbye: (its rank, what
-    was seen). Its goodbye byte, if any, is read."""
+def first_gone(
+    socks: dict[int, socket.socket], heartbeat: Heartbeat | None = None
+) -> tuple[int, str]:
+    """Block until a peer's connection ends or says goodbye, or (with a
+    ``heartbeat``) its beats stop for the bound: (its rank, what was seen).
+    Its goodbye byte, if any, is read. Meanwhile the heartbeat beats: the
+    datagrams that arrived are read before any peer is judged silent, so a
+    wait of this thread's own is not taken for a peer's silence."""
     with selectors.DefaultSelector() as selector:
         for rank, sock in socks.items():
             selector.register(sock, selectors.EVENT_READ, rank)
+        if heartbeat is not None:
+            selector.register(heartbeat.sock, selectors.EVENT_READ, None)
         while True:
-            for key, _ in selector.select():
+            timeout = None
+            if heartbeat is not None:
+                now = time.monotonic()
+                if heartbeat.due(now):
+                    heartbeat.send(now)
+                timeout = heartbeat.timeout(now, socks)
+            events = selector.select(timeout)
+            if heartbeat is not None:
+                heartbeat.receive(time.monotonic())
+            for key, _ in events:
                 rank = key.data
+                if rank is None:
+                    continue  # the beats, read above
                 try:
                     data = socks[rank].recv(1)
                 except BlockingIOError:
@@ -87,6 +112,10 @@ def first_gone(socks: dict[int, socket.socket]) -> tuple[int, str]:
                 if data == GOODBYE:
                     return rank, SAID_GOODBYE
                 return rank, f"it sent {data!r}, which is not a goodbye"
+            if heartbeat is not None:
+                silent = heartbeat.silent(time.monotonic(), socks)
+                if silent is not None:
+                    return silent
 
 
 # Set by the worker before its runner starts the watch (runner/health/orderly_stop.py).
@@ -111,11 +140,18 @@ class Watch:
         self.said_goodbye = False  # this rank stops in order
 
     def run(self) -> None:
+        try:
+            self._watch()
+        finally:
+            if self.peers.heartbeat is not None:
+                self.peers.heartbeat.close()  # the guardian ends with the watch
+
+    def _watch(self) -> None:
         from vllm_ppspec.runner.health import rank_errors
 
         live = dict(self.peers)
         while live:
-            rank, seen = first_gone(live)
+            rank, seen = first_gone(live, self.peers.heartbeat)
             del live[rank]
             same = rank in self.peers.same_executor
             goodbye = seen == SAID_GOODBYE
@@ -139,6 +175,8 @@ class Watch:
                     stop_this_node(self.parent)
                     return
                 what = "a PP peer stopped" if goodbye else "a PP peer died"
+                if seen.startswith(SILENT_PREFIX):
+                    what = "a PP peer went silent"
                 rank_errors.end_worker(RuntimeError(f"{self.peers.name(rank)}: {seen}"), what)
 
     def say_goodbye(self) -> None:
@@ -157,6 +195,12 @@ class Watch:
                     pass  # that peer is gone already
 
 
+def start_guardian(heartbeat: Heartbeat) -> None:
+    """This worker's guardian (``heartbeat.py``): it ends this worker when the
+    watch thread stops beating."""
+    heartbeat.start_guardian()
+
+
 def stop_this_node(parent: int) -> None:
     """What stopping a headless ``vllm serve`` does: SIGTERM to it (``parent``,
     while it is still this process's parent)."""
@@ -172,6 +216,9 @@ def watch_pp_peers(cpu_group: Any, host: str) -> list[int]:
     watch them from a thread (see the module docstring). Returns the peers' ranks."""
     watch = Watch(connect_peers(cpu_group, host), _HEADLESS["node"])
     _WATCH[:] = [watch]
+    heartbeat = watch.peers.heartbeat
+    if heartbeat is not None and set(watch.peers) - watch.peers.same_executor:
+        start_guardian(heartbeat)  # a peer on another executor cannot end this worker
     threading.Thread(target=watch.run, daemon=True, name="ppspec-peer-watch").start()
     return sorted(watch.peers)
 

@@ -14,16 +14,26 @@ places ranks on several hosts.
   each with its own network and ``--ipc=host`` (vLLM's recommended flag),
   pass it, and each would listen on its own loopback. It is used only when a
   rank cannot read its namespace.
-- **This node's address.** Under Ray it is Ray's node IP
-  (``ray.util.get_node_ip_address()``), the address vLLM's Ray executor
-  (``RayExecutorV2``) gives its message queues: vLLM strips ``VLLM_HOST_IP``
-  from Ray's actors, and ``get_ip()``'s guess is often not routable between
-  nodes. Elsewhere it is vLLM's ``get_ip()`` (``VLLM_HOST_IP`` when set).
+- **This node's address: the data path's.** The watch is on the path the PP
+  data takes, so that what stalls or cuts the data is what the watch sees,
+  and a blip elsewhere ends nothing. On CPU the pipeline's transfers go over
+  gloo, which binds the interface ``GLOO_SOCKET_IFNAME`` names (its first
+  one): when it is set, the watch listens on that interface's IPv4 address.
+  Otherwise, under Ray, Ray's node IP (``ray.util.get_node_ip_address()``),
+  the address vLLM's Ray executor (``RayExecutorV2``) gives its message
+  queues: vLLM strips ``VLLM_HOST_IP`` from Ray's actors, and ``get_ip()``'s
+  guess is often not routable between nodes. Elsewhere vLLM's ``get_ip()``
+  (``VLLM_HOST_IP`` when set). The watch's connections leave from that
+  address too (``peer_links.connect_peers``). On CUDA the pipeline's tensors
+  go over NCCL, often on another fabric: the watch cannot see that fabric
+  (docs/reliability.md, "Across hosts").
 """
 
 from __future__ import annotations
 
 import os
+import socket
+import struct
 import sys
 from pathlib import Path
 from typing import Any
@@ -79,11 +89,39 @@ def ray_node_ip() -> str | None:
         return None
 
 
+GLOO_IFNAME_ENV = "GLOO_SOCKET_IFNAME"
+SIOCGIFADDR = 0x8915  # Linux: an interface's IPv4 address
+
+
+def interface_address(name: str) -> str | None:
+    """The IPv4 address of interface ``name``, or None (no such interface, no
+    IPv4 address, not Linux)."""
+    import fcntl
+
+    request = struct.pack("256s", name.encode()[:15])
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            answer = fcntl.ioctl(sock.fileno(), SIOCGIFADDR, request)
+    except OSError:
+        return None
+    return socket.inet_ntoa(answer[20:24])
+
+
+def gloo_address() -> str | None:
+    """The address gloo binds when ``GLOO_SOCKET_IFNAME`` names its interface
+    (the first of a comma-separated list), or None."""
+    names = os.environ.get(GLOO_IFNAME_ENV, "").strip()
+    if not names:
+        return None
+    return interface_address(names.split(",")[0].strip())
+
+
 def node_address() -> str:
-    """The address other hosts reach this rank's node on (see the module docstring)."""
+    """The address other hosts reach this rank's node on, on the PP data's
+    path (see the module docstring)."""
     from vllm.utils.network_utils import get_ip
 
-    return ray_node_ip() or get_ip()
+    return gloo_address() or ray_node_ip() or get_ip()
 
 
 def peer_watch_host(cpu_group: Any) -> str:
