@@ -33,12 +33,12 @@ def uses_aux_states(spec: Any) -> bool:
     """Whether this speculative config's drafter reads auxiliary states: an
     EAGLE-3 head that uses them (its ``eagle_config``), or a method of
     :data:`ALWAYS_AUX`."""
-    if not spec or spec.draft_model_config is None:
+    if not spec or spec.method not in ("eagle3", *ALWAYS_AUX):
+        return False
+    if spec.draft_model_config is None:
         return False
     if spec.method in ALWAYS_AUX:
         return True
-    if spec.method != "eagle3":
-        return False
     eagle_config = getattr(spec.draft_model_config.hf_config, "eagle_config", None) or {}
     return bool(eagle_config.get("use_aux_hidden_state", True))
 
