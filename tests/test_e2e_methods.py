@@ -5,6 +5,11 @@ plugin selects its worker itself).
 - PARD (``draft_model`` + ``parallel_drafting``) and P-EAGLE (``eagle3`` +
   ``parallel_drafting``): greedy tokens equal PP=1 without spec; acceptance
   equals vLLM's own worker's at PP=1 with the same drafter.
+- DFlash (``dflash``: parallel drafting over the target's auxiliary states of
+  layers on every stage, relayed like EAGLE-3's; the target's embedding handed
+  to the last rank): greedy tokens equal PP=1 without spec; acceptance, per
+  position, equals vLLM's own worker's at PP=1 (the drafter's first draft reads
+  the last context state: acceptance changes without the relay).
 - A draft model with another vocabulary (``use_heterogeneous_vocab``): its ids
   differ from the target's for every word and it has words the target lacks;
   it computes the target's function in its own ids, so every draft is accepted.
@@ -48,6 +53,8 @@ def _feature_spec(feature: str, drafters: dict[str, str]) -> dict:
     if feature == "pard":
         return {**base, "method": "draft_model", "model": drafters["pard_copy"],
                 "parallel_drafting": True}  # fmt: skip
+    if feature == "dflash":
+        return {**base, "method": "dflash", "model": drafters["dflash_aux"]}
     if feature == "peagle":
         return {**base, "method": "eagle3", "model": drafters["peagle_succ"],
                 "parallel_drafting": True}  # fmt: skip
@@ -103,7 +110,7 @@ def _same_acceptance(got: dict, want: dict) -> None:
 
 FEATURE_CASES = [
     (feature, pp, mode)
-    for feature in ("pard", "peagle", "other_vocab")
+    for feature in ("pard", "peagle", "other_vocab", "dflash")
     for pp, mode in ((2, "sync"), (3, "sync"), (3, "async"))
 ]
 

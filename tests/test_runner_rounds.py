@@ -341,8 +341,10 @@ def test_overrides_call_straight_through_before_set_up():
     assert runner.ppspec_clocks.steps == 0  # an empty step is not counted
 
 
-def test_eagle3_under_pp_refuses_a_target_without_aux_hidden_states_over_pp():
-    """vLLM's V2-runner check, called by the mixin before it sets up the relay."""
+@pytest.mark.parametrize("method", ["eagle3", "dflash"])
+def test_eagle3_under_pp_refuses_a_target_without_aux_hidden_states_over_pp(method):
+    """vLLM's V2-runner check, called by the mixin before it sets up the relay
+    (EAGLE-3 and DFlash alike)."""
     from types import SimpleNamespace
 
     from vllm_ppspec.runner.drafter.eagle3 import require_aux_hidden_states_over_pp
@@ -350,8 +352,10 @@ def test_eagle3_under_pp_refuses_a_target_without_aux_hidden_states_over_pp():
     class Decoder:  # a decoder without supports_aux_hidden_states_over_pp
         pass
 
-    with pytest.raises(ValueError, match="does not pass EAGLE-3 auxiliary hidden states"):
-        require_aux_hidden_states_over_pp(SimpleNamespace(model=Decoder()))
+    with pytest.raises(ValueError, match="does not pass auxiliary hidden states") as e:
+        require_aux_hidden_states_over_pp(SimpleNamespace(model=Decoder()), method)
+    assert f"does not support {method} with pipeline parallelism" in str(e.value)
+    assert f"--pipeline-parallel-size 1 for {method}" in str(e.value)
 
     class AuxDecoder:
         supports_aux_hidden_states_over_pp = True
@@ -385,3 +389,24 @@ def test_the_worker_s_shutdown_reaches_the_mode_s_steps(monkeypatch):
     worker.model_runner = SimpleNamespace(ppspec_shutdown=lambda: said.append("steps"))
     worker.shutdown()
     assert said == ["goodbye", "steps", "vllm"]
+
+
+def test_which_drafters_get_the_relayed_aux_states():
+    """EAGLE-3 heads that use them, and every DFlash drafter (vLLM's V1 runner
+    feeds DFlash auxiliary states whatever its config); no other method."""
+    from types import SimpleNamespace
+
+    from vllm_ppspec.runner.drafter.eagle3 import uses_aux_states
+
+    def spec(method: str, **hf: object) -> SimpleNamespace:
+        return SimpleNamespace(
+            method=method, draft_model_config=SimpleNamespace(hf_config=SimpleNamespace(**hf))
+        )
+
+    assert uses_aux_states(spec("eagle3"))
+    assert not uses_aux_states(spec("eagle3", eagle_config={"use_aux_hidden_state": False}))
+    assert uses_aux_states(spec("dflash", dflash_config={"target_layer_ids": [0, 1]}))
+    assert uses_aux_states(spec("dflash", dflash_config={"use_aux_hidden_state": False}))
+    for method in ("eagle", "draft_model", "mtp", "extract_hidden_states"):
+        assert not uses_aux_states(spec(method))
+    assert not uses_aux_states(None)

@@ -13,9 +13,12 @@ from vllm_ppspec.worker_choice import SUPPORTED_PP_METHODS
 EXPECTED = {
     "mlp_speculator": ("register no model class", "at any PP size"),
     "ngram_gpu": ("CUDA buffers and events", "use method 'ngram'"),
-    "dflash": ("auxiliary hidden states", "use method 'eagle3', or dflash at PP=1"),
-    "dspark": ("auxiliary hidden states", "use method 'eagle3', or dspark at PP=1"),
-    "extract_hidden_states": ("SupportsPP", "run it at PP=1"),
+    "dspark": ("auxiliary hidden states", "use method 'eagle3' or 'dflash', or dspark at PP=1"),
+    "extract_hidden_states": (
+        "SupportsPP",
+        "register_kv_caches asserts one CacheOnlyAttentionLayer",
+        "run it at PP=1",
+    ),
 }
 
 
@@ -58,3 +61,29 @@ def test_the_served_methods_are_not_refused():
 
     for method in SUPPORTED_PP_METHODS:
         assert pp_spec_unsupported(_pp_spec_namespace("mp", False, method, 2, 1)) == []
+
+
+@pytest.mark.parametrize("pp", [2, 3])
+def test_extract_hidden_states_under_pp_is_vllms_own_refusal(models, pp):
+    """vLLM refuses PP + extract_hidden_states while it builds the speculative
+    config (its model lacks SupportsPP), before any worker is chosen: what
+    unserved.py says, through ``EngineArgs`` as a user builds it."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    spec = {
+        "method": "extract_hidden_states",
+        "num_speculative_tokens": 1,
+        "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 3]}},
+    }
+    args = EngineArgs(
+        model=models["target"],
+        dtype="float32",
+        max_model_len=256,
+        pipeline_parallel_size=pp,
+        speculative_config=spec,
+    )
+    with pytest.raises(NotImplementedError, match="Pipeline parallelism is not supported"):
+        args.create_engine_config()
+    # At PP = 1 the same config builds.
+    args.pipeline_parallel_size = 1
+    assert args.create_engine_config().speculative_config.method == "extract_hidden_states"

@@ -43,7 +43,10 @@ TABLE = [
     # V1 is vLLM's choice (CPU, no Triton, VLLM_USE_V2_MODEL_RUNNER=0, a V2-only feature missing)
     *[(facts(method=m), P) for m in METHODS],
     # a method the plugin does not run: its worker, to refuse it naming why (unserved.py)
-    *[(facts(method=m), P) for m in ("ngram_gpu", "dflash", "dspark", "mlp_speculator")],
+    *[
+        (facts(method=m), P)
+        for m in ("ngram_gpu", "dspark", "extract_hidden_states", "mlp_speculator")
+    ],
     (facts(auto="off"), V1),
     (facts(auto="always"), P),
     # DP > 1 with spec on a MoE target (one engine across DP ranks): as under PP
@@ -63,7 +66,7 @@ TABLE = [
     # V2 is vLLM's default choice (CUDA with Triton)
     *[(facts(method=m, v2_by_default=True), V2) for m in ("ngram", "draft_model", "mtp")],
     *[(facts(method=m, v2_by_default=True, auto="always"), P) for m in ("eagle3", "ngram")],
-    (facts(method="dflash", v2_by_default=True, auto="always"), V2),
+    (facts(method="dspark", v2_by_default=True, auto="always"), V2),
     (facts(v2_by_default=True, auto="off"), V2),
     # V2 is required (VLLM_USE_V2_MODEL_RUNNER=1, HiSparse, watermarking)
     *[(facts(v2_required=r), V2) for r in ("VLLM_USE_V2_MODEL_RUNNER=1", "HiSparse")],
@@ -193,6 +196,13 @@ def spec_line(models, method: str, moe: bool) -> tuple[str, dict, dict]:
     """(target path, speculative config, other EngineArgs) for ``method``."""
     if method in V1_ONLY:
         return models["moe" if moe else "target"], _v1_only_spec(models, method), {}
+    if method == "dflash":
+        from tests.conftest import MODELS_DIR
+        from vllm_ppspec_tools.fixtures.method_drafters import build_method_drafters
+
+        drafter = build_method_drafters(MODELS_DIR, models)["dflash_aux"]
+        spec = {"method": method, "model": drafter, "num_speculative_tokens": 3}
+        return models["moe" if moe else "target"], spec, {}
     if method not in DENSE_SPECS:
         pytest.skip(
             f"no tiny config for method {method!r} here yet: add it to DENSE_SPECS/MOE_SPECS"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 _AUX_STATES = (
     "its drafter reads the target's auxiliary hidden states of layers on every PP "
-    "stage, which the plugin relays for eagle3 only"
+    "stage, which the plugin relays for eagle3 and dflash only"
 )
 
 WHY_UNSERVED: dict[str, str] = {
@@ -23,11 +23,14 @@ WHY_UNSERVED: dict[str, str] = {
         "CUDA with Triton vLLM's Model Runner V2 serves it under PP; elsewhere use "
         "method 'ngram'"
     ),
-    "dflash": f"{_AUX_STATES}; use method 'eagle3', or dflash at PP=1",
-    "dspark": f"{_AUX_STATES}; use method 'eagle3', or dspark at PP=1",
+    "dspark": f"{_AUX_STATES}; use method 'eagle3' or 'dflash', or dspark at PP=1",
     "extract_hidden_states": (
-        "vLLM's extract_hidden_states model does not support pipeline parallelism "
-        "(SupportsPP); run it at PP=1"
+        "vLLM refuses it under PP itself, before the plugin is asked: SpeculativeConfig "
+        "checks SupportsPP on its ExtractHiddenStatesModel (vllm/config/speculative.py, "
+        "verify_with_parallel_config), and the connector vLLM ships for it, "
+        "ExampleHiddenStatesConnector, expects its cache-only layer on every worker "
+        "(register_kv_caches asserts one CacheOnlyAttentionLayer; PP stages before the "
+        "last hold none) and writes through CUDA pinned memory; run it at PP=1"
     ),
 }
 

@@ -42,6 +42,7 @@ SUPPORTED_PP_METHODS = (
     "medusa",
     "custom_class",
     "suffix",
+    "dflash",
 )
 
 # The platforms the plugin has a worker for (vllm_ppspec.worker).
