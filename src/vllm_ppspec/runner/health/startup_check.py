@@ -29,8 +29,8 @@ label such as ``+cu128`` is not compared), the
 mode, the pipeline size, the speculative method, ``k``, the draft's shape,
 ``max_num_seqs``, the target's layer split (``VLLM_PP_LAYER_PARTITION``
 as the user set it or :mod:`vllm_ppspec.layer_split` chose it), and the
-switches of :data:`AGREED_SWITCHES`, each as the plugin reads it (unset reads as its default). The plugin's own version is not
-in it: two builds that speak the same protocol work together. The variables
+switches of :data:`AGREED_SWITCHES`, each as the plugin reads it (unset
+reads as its default). The plugin's own version is not in it: two builds that speak the same protocol work together. The variables
 of :data:`HOST_LOCAL_SWITCHES` may differ between hosts.
 """
 
