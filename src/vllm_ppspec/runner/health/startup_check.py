@@ -25,13 +25,14 @@ each field that differs and its value on each rank.
 
 The fingerprint holds only what must be equal on every rank: the protocol,
 vLLM's release (the messages vLLM's own code sends between the ranks; a local
-label such as ``+cu128`` is not compared), the
-mode, the pipeline size, the speculative method, ``k``, the draft's shape,
-``max_num_seqs``, the target's layer split (``VLLM_PP_LAYER_PARTITION``
-as the user set it or :mod:`vllm_ppspec.layer_split` chose it), and the
-switches of :data:`AGREED_SWITCHES`, each as the plugin reads it (unset
-reads as its default). The plugin's own version is not in it: two builds that speak the same protocol work together. The variables
-of :data:`HOST_LOCAL_SWITCHES` may differ between hosts.
+label such as ``+cu128`` is not compared), the mode, the pipeline size, the
+speculative method, ``k``, the draft's shape, ``max_num_seqs``, the target's
+layer split (``VLLM_PP_LAYER_PARTITION`` as the user set it or
+:mod:`vllm_ppspec.layer_split` chose it), and the switches of
+:data:`AGREED_SWITCHES`, each as the plugin reads it (unset reads as its
+default). The plugin's own version is not in it: two builds that speak the same
+protocol work together. The variables of :data:`HOST_LOCAL_SWITCHES` may differ
+between hosts.
 """
 
 from __future__ import annotations
