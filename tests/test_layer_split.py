@@ -62,7 +62,9 @@ def _stand_in(target, spec_method: str, draft=None, pp: int = 2, k: int = 3):
             is_multimodal_model=False,
             get_total_num_hidden_layers=lambda: target.num_hidden_layers,
         ),
-        parallel_config=SimpleNamespace(pipeline_parallel_size=pp),
+        parallel_config=SimpleNamespace(
+            pipeline_parallel_size=pp, data_parallel_size=1, worker_cls=PLUGIN
+        ),
         speculative_config=SimpleNamespace(
             method=spec_method,
             num_speculative_tokens=k,
@@ -98,6 +100,11 @@ def test_no_stage_holds_more_weights_than_the_heaviest_of_the_even_split():
     stages = estimate(_stand_in(SMOLLM2, "ngram"))
     assert stages is not None and stages.last_work == pytest.approx(8.0 * stages.layer_work)
     assert layer_split.split_for(_stand_in(SMOLLM2, "ngram")) == ([15, 15], [15, 15])
+    # The work alone would move 4 layers; the log names that split for the user.
+    assert layer_split.split_for(_stand_in(SMOLLM2, "ngram"), weight_limit=False) == (
+        [19, 11],
+        [15, 15],
+    )
     # At PP=3 the middle stage holds neither: it takes a layer of the last.
     assert layer_split.split_for(_stand_in(SMOLLM2, "ngram", pp=3)) == (
         [10, 11, 9],
@@ -139,11 +146,21 @@ def test_tiny_model_drafters_get_the_split_the_e2e_tests_check(models):
     assert layer_split.split_for(_tiny(models, "ngram")) == ([2, 2], [2, 2])
 
 
-def test_the_plugins_worker_sets_the_split_on_its_lines(models):
+def test_the_plugins_worker_sets_the_split_on_its_lines(models, caplog):
     """V1, CPU and CUDA alike: the plugin's workers call apply (below)."""
     cfg = _tiny(models, "draft_copy", worker_cls=PLUGIN)
-    assert layer_split.apply(cfg) == "3,1"
+    with caplog.at_level("INFO", logger=layer_split.__name__):
+        assert layer_split.apply(cfg) == "3,1"
     assert os.environ[ENV] == "3,1"
+    assert "target layers split 3,1 over 2 PP stages instead of vLLM's 2,2" in caplog.text
+
+
+def test_a_split_held_back_by_the_weight_limit_is_named_in_the_log(caplog):
+    with caplog.at_level("INFO", logger=layer_split.__name__):
+        layer_split.apply(_stand_in(SMOLLM2, "ngram"))
+    assert ENV not in os.environ
+    assert "the work alone would split 19,11" in caplog.text
+    assert f"set {ENV}=19,11 where that fits" in caplog.text
 
 
 def test_the_users_split_always_wins(models, monkeypatch):

@@ -74,10 +74,12 @@ def _spread(layers: int, stages: int) -> list[int]:
     return [base + (1 if i >= stages - rest else 0) for i in range(stages)]
 
 
-def choose(num_layers: int, pp: int, stages: Stages, even: list[int]) -> list[int]:
+def choose(
+    num_layers: int, pp: int, stages: Stages, even: list[int], weight_limit: bool = True
+) -> list[int]:
     """The split with the least work on its busiest stage, among those whose
-    heaviest stage holds no more weights than ``even``'s; ties go to the split
-    nearest ``even``."""
+    heaviest stage holds no more weights than ``even``'s (any, without
+    ``weight_limit``); ties go to the split nearest ``even``."""
 
     def work(split: list[int]) -> float:
         loads = [n * stages.layer_work for n in split]
@@ -93,7 +95,7 @@ def choose(num_layers: int, pp: int, stages: Stages, even: list[int]) -> list[in
     def distance(split: list[int]) -> int:
         return sum(abs(a - b) for a, b in zip(split, even, strict=True))
 
-    limit = weights(even) * (1 + 1e-9)
+    limit = weights(even) * (1 + 1e-9) if weight_limit else float("inf")
     candidates = [even] + [
         _spread(num_layers - last, pp - 1) + [last] for last in range(1, num_layers - pp + 2)
     ]
@@ -187,7 +189,7 @@ def estimate(vllm_config: Any) -> Stages | None:
     )
 
 
-def split_for(vllm_config: Any) -> tuple[list[int], list[int]] | None:
+def split_for(vllm_config: Any, weight_limit: bool = True) -> tuple[list[int], list[int]] | None:
     """(the plugin's split, vLLM's even split) for this config, or None where
     the plugin keeps vLLM's. ``VLLM_PP_LAYER_PARTITION`` must be unset."""
     pp = int(vllm_config.parallel_config.pipeline_parallel_size)
@@ -196,7 +198,20 @@ def split_for(vllm_config: Any) -> tuple[list[int], list[int]] | None:
         return None
     layers = int(vllm_config.model_config.get_total_num_hidden_layers())
     even = even_split(layers, pp)
-    return choose(layers, pp, stages, even), even
+    return choose(layers, pp, stages, even, weight_limit), even
+
+
+def _hint(vllm_config: Any, split: list[int] | None) -> str:
+    """Where the weight limit held the split back: the split the work alone
+    would choose, for the user to set if it fits."""
+    free = split_for(vllm_config, weight_limit=False)
+    if free is None or free[0] == (split or free[1]):
+        return ""
+    value = ",".join(str(n) for n in free[0])
+    return (
+        f"; the work alone would split {value}, with more weights on a stage than "
+        f"vLLM's even split puts on any: set {ENV}={value} where that fits"
+    )
 
 
 def apply(vllm_config: Any) -> str | None:
@@ -217,7 +232,10 @@ def apply(vllm_config: Any) -> str | None:
     _set_here = None
     chosen = split_for(vllm_config)
     if chosen is None or chosen[0] == chosen[1]:
-        logger.info("vllm-ppspec: target layers split evenly (vLLM's split)")
+        logger.info(
+            "vllm-ppspec: target layers split evenly (vLLM's split)%s",
+            _hint(vllm_config, None) if chosen else "",
+        )
         return None
     split, even = chosen
     value = ",".join(str(n) for n in split)
@@ -226,11 +244,12 @@ def apply(vllm_config: Any) -> str | None:
     logger.info(
         "vllm-ppspec: target layers split %s over %d PP stages instead of vLLM's %s: the "
         "last stage also runs the LM head over k+1 positions and the %s drafter; set %s "
-        "to choose the split",
+        "to choose the split%s",
         value,
         len(split),
         ",".join(str(n) for n in even),
         vllm_config.speculative_config.method,
         ENV,
+        _hint(vllm_config, split),
     )
     return value
