@@ -37,7 +37,7 @@ CASES = [
 ]
 # The mode each case's runner logs (vllm_ppspec.policy.Mode).
 # The target layers each PP rank holds (vllm_ppspec/layer_split.py). A tiny
-# model drafter on the last stage is estimated at 2.6-6.8 target layers' work
+# model drafter on the last stage is estimated at 5-14 target layers' work
 # there, so the plugin moves one of the tiny target's 4 layers to the first
 # stage; ngram has no model, and vLLM's even split stays.
 BALANCED = [[0, 3], [3, 4]]
