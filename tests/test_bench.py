@@ -1,7 +1,8 @@
 """The benchmark runs end to end (tiny target, one repeat) and reports what it promises.
 
 Its figures are not asserted (they are speed); its structure is: every engine
-configuration ran (with ``--method draft_model``, async scheduling too),
+configuration ran (with ``--method draft_model``, async scheduling and the
+filled pipeline at vLLM's even layer split too),
 outputs equal PP=1 without spec (exit code 0), busy and working fractions and
 acceptance were measured inside the runner, the round-exchange timing was
 printed, and the JSON was written.
@@ -43,7 +44,16 @@ def test_bench_runs_every_configuration_and_reports_busy_acceptance_and_transpor
     assert "async/filled" in out
     data = json.loads((tmp_path / "bench-tiny-pp2-draft_model.json").read_text())
     summary = data["summary"]
-    assert set(summary) == {"pp1 no spec", "pp1 spec", "no spec", "one batch", "filled", "async"}
+    assert set(summary) == {
+        "pp1 no spec",
+        "pp1 spec",
+        "no spec",
+        "one batch",
+        "filled",
+        "async",
+        "even split",  # filled at vLLM's layer split, the plugin's own being 3,1 here
+    }
+    assert "filled/even split" in out
     for name in ("no spec", "one batch", "filled", "async"):
         for load in ("1", "4"):
             busy = summary[name][load]["busy_median"]

@@ -36,6 +36,12 @@ CASES = [
     if not (method == "ngram" and mode == "async")
 ]
 # The mode each case's runner logs (vllm_ppspec.policy.Mode).
+# The target layers each PP rank holds (vllm_ppspec/layer_split.py). A tiny
+# model drafter on the last stage is estimated at 5-14 target layers' work
+# there, so the plugin moves one of the tiny target's 4 layers to the first
+# stage; ngram has no model, and vLLM's even split stays.
+BALANCED = [[0, 3], [3, 4]]
+TARGET_LAYERS = {"ngram": [[0, 2], [2, 4]]}
 MODE_LOGGED = {"sync": "sync", "async": "async with lanes"}
 
 
@@ -111,6 +117,7 @@ def pp2_run(models):
                     async_scheduling=mode.startswith("async"),
                     probe_drafter_embedding=method.startswith("draft_"),
                     probe_drafter_layers=method.startswith("eagle"),
+                    probe_target_layers=True,
                     then=THEN.get(method, []),
                 )
             )
@@ -132,6 +139,9 @@ def test_pp2_spec_matches_pp1_without_spec(
     said = f"speculative method {spec['method']}, k={K}, {MODE_LOGGED[mode]} scheduling"
     assert res.log.count(said) == 2, f"expected both PP ranks to log {said!r}"
     check_acceptance(method, res.result["spec"])
+    assert res.result["probes"]["target_layers"] == TARGET_LAYERS.get(method, BALANCED), (
+        "the plugin's layer split (vllm_ppspec/layer_split.py)"
+    )
     if probe:
         _check_drafter_embedding_is_its_own(res, spec["model"])
     if eagle:

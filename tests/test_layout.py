@@ -299,6 +299,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "policy.py",
             "worker_choice.py",
             "unserved.py",
+            "layer_split.py",  # the target's split under PP + spec
             "version_guard.py",
             "version_data.py",
             "no_v1_runner.py",  # what the hook and the worker say on 0.34.0 on

@@ -117,7 +117,7 @@ def test_the_fingerprint_holds_exactly_what_must_agree(monkeypatch):
 
     from vllm_ppspec import protocol
 
-    for name in [*AGREED_SWITCHES, *HOST_LOCAL_SWITCHES]:
+    for name in [*AGREED_SWITCHES, *HOST_LOCAL_SWITCHES, "VLLM_PP_LAYER_PARTITION"]:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("VLLM_PPSPEC_STARTUP_TIMEOUT", "5")  # host-local: not in it
     monkeypatch.setenv("VLLM_PPSPEC_DP_AGREE_TIMEOUT", "9")  # host-local: not in it
@@ -132,6 +132,7 @@ def test_the_fingerprint_holds_exactly_what_must_agree(monkeypatch):
         "draft architectures": "['LlamaForCausalLM']",
         "draft hidden_size": "64",
         "max_num_seqs": "16",
+        "target layer split ($VLLM_PP_LAYER_PARTITION)": "vLLM's even split",
         "$VLLM_PPSPEC_ONE_BATCH": "0",  # unset: its default
     }
 
@@ -158,6 +159,8 @@ MUST_AGREE = {
     "draft architectures": {"runner": {"architectures": ("OtherForCausalLM",)}},
     "draft hidden_size": {"runner": {"hidden_size": 128}},
     "max_num_seqs": {"runner": {"max_num_seqs": 8}},
+    # One host set the split (or the plugin chose another): the layers would not line up.
+    "target layer split ($VLLM_PP_LAYER_PARTITION)": {"env": {"VLLM_PP_LAYER_PARTITION": "3,1"}},
     "$VLLM_PPSPEC_ONE_BATCH": {"env": {"VLLM_PPSPEC_ONE_BATCH": "1"}},
 }
 HOST_LOCAL = {
@@ -190,7 +193,7 @@ def _fingerprint_as(change: dict[str, Any]) -> dict[str, str]:
     import vllm_ppspec
     from vllm_ppspec import protocol
 
-    for name in [*AGREED_SWITCHES, *HOST_LOCAL_SWITCHES]:
+    for name in [*AGREED_SWITCHES, *HOST_LOCAL_SWITCHES, "VLLM_PP_LAYER_PARTITION"]:
         os.environ.pop(name, None)
     os.environ.update(change.get("env", {}))
     saved = protocol.PROTOCOL, vllm.__version__, vllm_ppspec.__version__

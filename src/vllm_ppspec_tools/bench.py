@@ -18,7 +18,12 @@ Each engine configuration runs in its own fresh offline engine, interleaved
   was filled);
 * ``filled``: PP=N + ngram k=3, PP batches in flight (the default);
 * ``async`` (``--method draft_model`` only: vLLM 0.32 refuses ngram under
-  async scheduling): PP=N + the drafter under async scheduling.
+  async scheduling): PP=N + the drafter under async scheduling;
+* ``even split`` (``--method draft_model`` only): ``filled`` with vLLM's even
+  layer split (``VLLM_PP_LAYER_PARTITION`` set to it) instead of the one the
+  plugin chooses for the drafter (vllm_ppspec/layer_split.py).
+
+``--configs`` runs some of them only (names separated by commas).
 
 ``--method draft_model`` drafts with the target's first layer
 (``bench_model.build_drafter``; the tiny target's ``draft_copy``) instead of
@@ -118,7 +123,15 @@ def _spec(target: str, method: str, models_dir: Path) -> dict[str, Any]:
     return {"method": "ngram", "num_speculative_tokens": K, **spec_configs.TINY_NGRAM}
 
 
-def _configs(pp: int, spec: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def _even_split(model: str, pp: int) -> str:
+    """vLLM's layer split of ``model`` over ``pp`` stages, as VLLM_PP_LAYER_PARTITION."""
+    from vllm_ppspec.layer_split import even_split
+
+    layers = json.loads((Path(model) / "config.json").read_text())["num_hidden_layers"]
+    return ",".join(str(n) for n in even_split(int(layers), pp))
+
+
+def _configs(pp: int, spec: dict[str, Any], even: str) -> dict[str, dict[str, Any]]:
     configs: dict[str, dict[str, Any]] = {
         "pp1 no spec": {"pp": 1, "spec": None, "worker": "stock"},
         "pp1 spec": {"pp": 1, "spec": spec, "worker": "stock"},
@@ -128,6 +141,7 @@ def _configs(pp: int, spec: dict[str, Any]) -> dict[str, dict[str, Any]]:
     }
     if spec["method"] != "ngram":  # vLLM 0.32 refuses ngram under async scheduling
         configs["async"] = {"pp": pp, "spec": spec, "async_scheduling": True}
+        configs["even split"] = {"pp": pp, "spec": spec, "env": {"VLLM_PP_LAYER_PARTITION": even}}
     return configs
 
 
@@ -135,7 +149,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     model, make_requests = _workload(args.target, Path(args.models_dir))
     loads = [int(x) for x in args.loads.split(",")]
     phases = [{"name": str(n), "requests": make_requests(n, args.max_tokens)} for n in loads]
-    configs = _configs(args.pp, _spec(args.target, args.method, Path(args.models_dir)))
+    configs = _configs(
+        args.pp, _spec(args.target, args.method, Path(args.models_dir)), _even_split(model, args.pp)
+    )
+    if args.configs:
+        wanted = [c.strip() for c in args.configs.split(",")]
+        unknown = sorted(set(wanted) - set(configs))
+        if unknown:
+            raise SystemExit(f"--configs: unknown {unknown}; choose from {sorted(configs)}")
+        configs = {name: cfg for name, cfg in configs.items() if name in wanted}
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in configs}
     for rep in range(args.repeats):
         for name, cfg in configs.items():
@@ -239,7 +261,7 @@ def report(data: dict[str, Any], table: dict[str, Any]) -> None:
     print(
         f"target {data['target']}, PP={pp}, {data.get('method', 'ngram')} k={data['k']}, "
         "sync scheduling unless named async, "
-        f"{len(data['runs']['filled'])} interleaved repeats; tokens/s min / median"
+        f"{len(next(iter(data['runs'].values())))} interleaved repeats; tokens/s min / median"
     )
     for name, rows in table.items():
         for load, row in rows.items():
@@ -268,6 +290,11 @@ def report(data: dict[str, Any], table: dict[str, Any]) -> None:
             f"filled/no spec {ratio('filled', 'no spec', load)}, "
             f"one batch/no spec {ratio('one batch', 'no spec', load)}"
             + (f", async/filled {ratio('async', 'filled', load)}" if "async" in table else "")
+            + (
+                f", filled/even split {ratio('filled', 'even split', load)}"
+                if "even split" in table
+                else ""
+            )
         )
     low = str(loads[0])
     print(
@@ -285,7 +312,7 @@ def plot(data: dict[str, Any], table: dict[str, Any], path: Path) -> bool:
     except ImportError:
         return False
     fig, ax = plt.subplots(figsize=(6, 4))
-    for name in ("no spec", "one batch", "filled", "async"):
+    for name in ("no spec", "one batch", "filled", "async", "even split"):
         rows = table.get(name, {})
         xs = [int(x) for x in rows]
         ax.plot(xs, [rows[str(x)]["tok_s_median"] for x in xs], marker="o", label=name)
@@ -308,6 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", choices=["planted", "smollm2", "tiny"], default="planted")
     parser.add_argument("--method", choices=["ngram", "draft_model"], default="ngram")
     parser.add_argument("--pp", type=int, default=2)
+    parser.add_argument("--configs", default="", help="run these configurations only")
     parser.add_argument("--loads", default="1,4,16,32")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=256)

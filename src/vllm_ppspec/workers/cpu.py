@@ -6,6 +6,7 @@ import vllm.v1.worker.cpu_worker as _vllm_cpu_worker
 from vllm.v1.worker.cpu_worker import CPUWorker
 
 import vllm_ppspec.runner.cpu_runner as _cpu_runner  # runs the version guard first
+from vllm_ppspec import layer_split
 from vllm_ppspec.patches import install_group
 from vllm_ppspec.patches.install_state import require_installed
 from vllm_ppspec.runner.clocks import WorkerClocks
@@ -18,6 +19,8 @@ class PPSpecCPUWorker(RankErrorsEndEngine, WorkerClocks, StopsInOrder, CPUWorker
         # With the patches installed, use_v2_model_runner is False for this
         # worker (or VLLM_USE_V2_MODEL_RUNNER=1 was refused already).
         require_installed()
+        # Before anything reads the layer split (layer_split.py).
+        layer_split.apply(self.vllm_config)
         # The registry's worker group, before vLLM's init_device builds the
         # runner and the distributed groups: cpu_expand, cpu_eager, cpu_moe,
         # remote_reads on a headless node.

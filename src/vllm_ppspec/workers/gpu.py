@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from vllm.v1.worker.gpu_worker import Worker  # noqa: E402
 
+from vllm_ppspec import layer_split
 from vllm_ppspec.patches import install_group
 from vllm_ppspec.patches.install_state import require_installed
 from vllm_ppspec.runner.clocks import WorkerClocks
@@ -17,6 +18,8 @@ class PPSpecGPUWorker(RankErrorsEndEngine, WorkerClocks, StopsInOrder, Worker):
         # The registry's worker group (remote_reads on a headless node; the
         # CPU-only entries stay out), before and after vLLM's init_device.
         install_group("worker", self)
+        # Before anything reads the layer split (layer_split.py).
+        layer_split.apply(self.vllm_config)
         super().init_device()
         install_group("worker", self, after_init=True)
 

@@ -25,12 +25,14 @@ each field that differs and its value on each rank.
 
 The fingerprint holds only what must be equal on every rank: the protocol,
 vLLM's release (the messages vLLM's own code sends between the ranks; a local
-label such as ``+cu128`` is not compared), the
-mode, the pipeline size, the speculative method, ``k``, the draft's shape,
-``max_num_seqs``, and the switches of :data:`AGREED_SWITCHES`, each as the
-plugin reads it (unset reads as its default). The plugin's own version is not
-in it: two builds that speak the same protocol work together. The variables
-of :data:`HOST_LOCAL_SWITCHES` may differ between hosts.
+label such as ``+cu128`` is not compared), the mode, the pipeline size, the
+speculative method, ``k``, the draft's shape, ``max_num_seqs``, the target's
+layer split (``VLLM_PP_LAYER_PARTITION`` as the user set it or
+:mod:`vllm_ppspec.layer_split` chose it), and the switches of
+:data:`AGREED_SWITCHES`, each as the plugin reads it (unset reads as its
+default). The plugin's own version is not in it: two builds that speak the same
+protocol work together. The variables of :data:`HOST_LOCAL_SWITCHES` may differ
+between hosts.
 """
 
 from __future__ import annotations
@@ -83,7 +85,7 @@ def switch_value(name: str) -> str:
 
 def fingerprint(runner: Any, mode: str) -> dict[str, str]:
     """What must be equal on every PP rank, as strings."""
-    from vllm_ppspec import protocol
+    from vllm_ppspec import layer_split, protocol
 
     spec = runner.speculative_config
     draft = getattr(spec, "draft_model_config", None)
@@ -98,6 +100,10 @@ def fingerprint(runner: Any, mode: str) -> dict[str, str]:
         "draft architectures": str(getattr(hf, "architectures", None)),
         "draft hidden_size": str(getattr(hf, "hidden_size", None)),
         "max_num_seqs": str(runner.scheduler_config.max_num_seqs),
+        # The plugin's balanced split or the user's (layer_split.py).
+        f"target layer split (${layer_split.ENV})": os.environ.get(
+            layer_split.ENV, "vLLM's even split"
+        ),
     }
     for name in AGREED_SWITCHES:
         fields[f"${name}"] = switch_value(name)

@@ -1,0 +1,228 @@
+"""The target's layer split the plugin chooses under PP + spec (layer_split.py).
+
+Configs of the tiny models are built through ``EngineArgs``, as a user's line
+is; the bench and SmolLM2 shapes are stand-ins with their real sizes. Which
+layers each rank then holds is checked on real engines by
+tests/test_e2e_pp_spec.py (``probe_target_layers``).
+"""
+
+from __future__ import annotations
+
+import os
+from types import SimpleNamespace
+
+import pytest
+
+from vllm_ppspec import layer_split
+from vllm_ppspec.layer_split import ENV, Stages, choose, estimate
+from vllm_ppspec_tools.fixtures.spec_configs import tiny_spec
+
+PLUGIN = "vllm_ppspec.worker.PPSpecWorker"
+
+
+@pytest.fixture(autouse=True)
+def _no_split_set(monkeypatch):
+    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.delenv("VLLM_PPSPEC_AUTO", raising=False)
+    monkeypatch.setattr(layer_split, "_set_here", None)
+
+
+def _config(model: str, **kwargs):
+    from vllm.engine.arg_utils import EngineArgs
+
+    kwargs.setdefault("dtype", "float32")
+    kwargs.setdefault("distributed_executor_backend", "mp")
+    return EngineArgs(model=model, max_model_len=256, **kwargs).create_engine_config()
+
+
+def _tiny(models, drafter: str, pp: int = 2, **kwargs):
+    target, spec = tiny_spec(models, drafter, 3)
+    return _config(models[target], pipeline_parallel_size=pp, speculative_config=spec, **kwargs)
+
+
+def _llama(hidden, layers, inter, heads, kv_heads, vocab):
+    return SimpleNamespace(
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        intermediate_size=inter,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=hidden // heads,
+        vocab_size=vocab,
+    )
+
+
+def _stand_in(target, spec_method: str, draft=None, pp: int = 2, k: int = 3):
+    """The attributes layer_split reads of a VllmConfig."""
+    return SimpleNamespace(
+        model_config=SimpleNamespace(
+            hf_text_config=target,
+            is_hybrid=False,
+            is_attention_free=False,
+            is_multimodal_model=False,
+            get_total_num_hidden_layers=lambda: target.num_hidden_layers,
+        ),
+        parallel_config=SimpleNamespace(
+            pipeline_parallel_size=pp, data_parallel_size=1, worker_cls=PLUGIN
+        ),
+        speculative_config=SimpleNamespace(
+            method=spec_method,
+            num_speculative_tokens=k,
+            draft_model_config=None if draft is None else SimpleNamespace(hf_text_config=draft),
+        ),
+    )
+
+
+# The planted bench target (fixtures/bench_model.py) and its one-layer drafter.
+PLANTED = _llama(1024, 8, 2816, 16, 16, 512)
+PLANTED_DRAFTER = _llama(1024, 1, 2816, 16, 16, 512)
+# SmolLM2-135M: its LM head (tied to the embedding) weighs as much as 8 layers.
+SMOLLM2 = _llama(576, 30, 1536, 9, 3, 49152)
+
+
+def test_a_model_drafter_moves_target_layers_off_the_last_stage():
+    """The bench's draft_model case: measured best at 5,3 by hand before
+    (docs/measurements.md). The estimate gives the drafter's 3 passes 3.2
+    layers' work (measured about 3.5): the work alone would split 6,2, but the
+    first stage would then hold more weights than either stage of 4,4."""
+    assert layer_split.split_for(_stand_in(PLANTED, "draft_model", PLANTED_DRAFTER)) == (
+        [5, 3],
+        [4, 4],
+    )
+    stand_in = _stand_in(PLANTED, "draft_model", PLANTED_DRAFTER)
+    assert layer_split.split_for(stand_in, weight_limit=False) == ([6, 2], [4, 4])
+
+
+def test_without_a_model_drafter_a_light_head_keeps_the_even_split():
+    assert layer_split.split_for(_stand_in(PLANTED, "ngram")) == ([4, 4], [4, 4])
+
+
+def test_no_stage_holds_more_weights_than_the_heaviest_of_the_even_split():
+    """SmolLM2 + ngram: the LM head is 8 layers' work on the last stage, but the
+    first stage holds the embedding, as heavy: moving a layer would make it the
+    heaviest stage, so the even split stays (a model that fits evenly still fits)."""
+    stages = estimate(_stand_in(SMOLLM2, "ngram"))
+    assert stages is not None and stages.last_work == pytest.approx(8.0 * stages.layer_work)
+    assert layer_split.split_for(_stand_in(SMOLLM2, "ngram")) == ([15, 15], [15, 15])
+    # The work alone would move 4 layers; the log names that split for the user.
+    assert layer_split.split_for(_stand_in(SMOLLM2, "ngram"), weight_limit=False) == (
+        [19, 11],
+        [15, 15],
+    )
+    # At PP=3 the middle stage holds neither: it takes a layer of the last.
+    assert layer_split.split_for(_stand_in(SMOLLM2, "ngram", pp=3)) == (
+        [10, 11, 9],
+        [10, 10, 10],
+    )
+
+
+def test_choose_minimises_the_busiest_stage_within_the_weight_limit():
+    stages = Stages(
+        layer_work=1.0, layer_weights=1.0, last_work=2.0, last_weights=0.0, first_weights=0.0
+    )
+    # Weights equal per layer: nothing may grow past the even split's 5.
+    assert choose(10, 2, stages, [5, 5]) == [5, 5]
+    light = Stages(
+        layer_work=1.0, layer_weights=1.0, last_work=2.0, last_weights=2.0, first_weights=0.0
+    )
+    # The last stage's 2 extra weights let one layer move (6 = 5 + 1 ... 4 + 2).
+    assert choose(10, 2, light, [5, 5]) == [6, 4]
+    # Ties go to the split nearest vLLM's.
+    flat = Stages(
+        layer_work=1.0, layer_weights=0.0, last_work=1.0, last_weights=0.0, first_weights=0.0
+    )
+    assert choose(10, 2, flat, [5, 5]) in ([5, 5], [6, 4])
+    assert choose(9, 2, flat, [5, 4]) == [5, 4]
+
+
+def test_targets_the_estimate_does_not_cover_keep_vllms_split():
+    hybrid = _stand_in(PLANTED, "draft_model", PLANTED_DRAFTER)
+    hybrid.model_config.is_hybrid = True
+    assert estimate(hybrid) is None and layer_split.split_for(hybrid) is None
+    missing = _llama(1024, 8, 2816, 16, 16, 512)
+    del missing.intermediate_size
+    assert estimate(_stand_in(missing, "ngram")) is None
+
+
+def test_tiny_model_drafters_get_the_split_the_e2e_tests_check(models):
+    for drafter in ("draft_copy", "eagle3", "eagle", "mtp"):
+        assert layer_split.split_for(_tiny(models, drafter)) == ([3, 1], [2, 2]), drafter
+    assert layer_split.split_for(_tiny(models, "ngram")) == ([2, 2], [2, 2])
+
+
+def test_the_plugins_worker_sets_the_split_on_its_lines(models, caplog):
+    """V1, CPU and CUDA alike: the plugin's workers call apply (below)."""
+    cfg = _tiny(models, "draft_copy", worker_cls=PLUGIN)
+    with caplog.at_level("INFO", logger=layer_split.__name__):
+        assert layer_split.apply(cfg) == "3,1"
+    assert os.environ[ENV] == "3,1"
+    assert "target layers split 3,1 over 2 PP stages instead of vLLM's 2,2" in caplog.text
+
+
+def test_a_split_held_back_by_the_weight_limit_is_named_in_the_log(caplog):
+    with caplog.at_level("INFO", logger=layer_split.__name__):
+        layer_split.apply(_stand_in(SMOLLM2, "ngram"))
+    assert ENV not in os.environ
+    assert "the work alone would split 19,11" in caplog.text
+    assert f"set {ENV}=19,11 where that fits" in caplog.text
+
+
+def test_the_users_split_always_wins(models, monkeypatch):
+    monkeypatch.setenv(ENV, "1,3")
+    assert layer_split.apply(_tiny(models, "draft_copy", worker_cls=PLUGIN)) == "1,3"
+    assert os.environ[ENV] == "1,3"
+
+
+def test_a_later_config_in_the_same_process_recomputes_the_plugins_own_split(models):
+    assert layer_split.apply(_tiny(models, "draft_copy", worker_cls=PLUGIN)) == "3,1"
+    assert layer_split.apply(_tiny(models, "ngram", worker_cls=PLUGIN)) is None
+    assert ENV not in os.environ
+
+
+@pytest.mark.parametrize(
+    "line",
+    ["pp1 spec", "pp2 no spec", "pp2 spec, vLLM's worker (V2 or VLLM_PPSPEC_AUTO=0)"],
+)
+def test_no_split_where_the_plugin_does_not_act(models, monkeypatch, line):
+    """Lines the plugin does not serve keep vLLM's split and the variable unset:
+    PP=1, no speculative decoding, and any line vLLM's own worker serves, V1 or
+    V2 (where vLLM picks Model Runner V2 the plugin's worker is never built)."""
+    if line == "pp1 spec":
+        cfg = _tiny(models, "draft_copy", pp=1)
+    elif line == "pp2 no spec":
+        cfg = _config(models["target"], pipeline_parallel_size=2, worker_cls=PLUGIN)
+    else:
+        monkeypatch.setenv("VLLM_PPSPEC_AUTO", "0")
+        cfg = _tiny(models, "draft_copy")
+        assert "ppspec" not in str(cfg.parallel_config.worker_cls)
+    assert layer_split.apply(cfg) is None
+    assert ENV not in os.environ
+
+
+@pytest.mark.parametrize("platform", ["cpu", "gpu"])
+def test_each_worker_sets_the_split_before_vllms_init_device(models, monkeypatch, platform):
+    """PPSpecCPUWorker and PPSpecGPUWorker: the variable is in place when vLLM's
+    init_device (which builds the runner) starts."""
+    from vllm_ppspec import patches
+
+    if platform == "cpu":
+        from vllm.v1.worker.cpu_worker import CPUWorker as Base
+
+        from vllm_ppspec.workers import cpu as module
+
+        worker_cls = module.PPSpecCPUWorker
+        monkeypatch.setattr(module, "require_installed", lambda: None)
+    else:
+        from vllm.v1.worker.gpu_worker import Worker as Base
+
+        from vllm_ppspec.workers import gpu as module
+
+        worker_cls = module.PPSpecGPUWorker
+    seen = []
+    monkeypatch.setattr(Base, "init_device", lambda self: seen.append(os.environ.get(ENV)))
+    monkeypatch.setattr(module, "install_group", lambda *a, **k: None)
+    assert patches is not None
+    worker = object.__new__(worker_cls)
+    worker.vllm_config = _tiny(models, "draft_copy", worker_cls=PLUGIN)
+    worker.init_device()
+    assert seen == ["3,1"]
