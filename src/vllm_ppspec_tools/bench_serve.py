@@ -257,12 +257,15 @@ def drive(
             ]
             print(f"$ {' '.join(cmd)}", flush=True)
             with open(work / f"bench-{_slug(cfg.name)}-r{rep}-c{load}.log", "w") as log:
-                proc = subprocess.run(
-                    cmd, stdout=log, stderr=subprocess.STDOUT, timeout=args.bench_timeout
-                )
-            if proc.returncode != 0 or not result.is_file():
-                print(f"!! vllm bench serve failed ({proc.returncode}); log: {log.name}")
-                runs[str(load)] = {"error": f"vllm bench serve exited {proc.returncode}"}
+                try:
+                    code = subprocess.run(
+                        cmd, stdout=log, stderr=subprocess.STDOUT, timeout=args.bench_timeout
+                    ).returncode
+                except subprocess.TimeoutExpired:
+                    code = -1
+            if code != 0 or not result.is_file():
+                print(f"!! vllm bench serve failed ({code}); log: {log.name}", flush=True)
+                runs[str(load)] = {"error": f"vllm bench serve exited {code} (-1: timed out)"}
                 continue
             runs[str(load)] = {
                 **report.run_record(json.loads(result.read_text())),
