@@ -37,6 +37,7 @@ MAX_LINES = 400
 TOOLS = {
     "demo": "vllm-ppspec-demo",
     "bench": "vllm-ppspec-bench",
+    "bench_serve": "vllm-ppspec-bench-serve",
     "soak": "vllm-ppspec-soak",
     "transport_bench": "vllm-ppspec-transport-bench",
     "async_cpu_bench": "vllm-ppspec-async-cpu-bench",

@@ -20,6 +20,10 @@ a drafter for every method).
    concurrently, reads the speculative-decoding counters from ``/metrics``.
 3. Prints the completions, the acceptance figures, and whether every token id
    matches the reference. Exits non-zero on any mismatch.
+
+Both servers run eager (``--enforce-eager``), for their start-up time; vLLM's
+default, which users run, is compiled: ``vllm-ppspec-bench-serve`` measures
+both (docs/measurements.md, "Through ``vllm serve``").
 """
 
 from __future__ import annotations

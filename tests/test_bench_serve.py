@@ -1,0 +1,278 @@
+"""vllm-ppspec-bench-serve's mechanisms, without an engine (fast).
+
+The command lines it builds for each configuration (PP, eager, the spec
+config, the worker, the cores), the prompt set it ships, what it keeps of a
+``vllm bench serve`` result (a real one: ``tests/data/vllm_bench_serve_result.json``,
+saved with ``--save-result --save-detailed`` by its first smoke run: 8 requests, 8 in
+flight, ``--ignore-eos``), the summary,
+the ratios, the output check, the JSON's shape and the plot. No speed is
+asserted: the figures are canned.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from vllm_ppspec_tools import bench_serve as bs
+from vllm_ppspec_tools import bench_serve_report as rep
+from vllm_ppspec_tools.fixtures.copy_prompts import PROMPTS
+
+REPO = Path(__file__).resolve().parent.parent
+RESULT = Path(__file__).parent / "data" / "vllm_bench_serve_result.json"
+NAMES = [
+    "pp1 no spec eager",
+    "pp1 no spec compiled",
+    "pp1 ngram eager",
+    "pp1 ngram compiled",
+    "pp2 no spec eager",
+    "pp2 no spec compiled",
+    "pp2 ngram eager",
+    "pp2 ngram compiled",
+]
+
+
+def _opt(args: list[str], flag: str) -> str | None:
+    return args[args.index(flag) + 1] if flag in args else None
+
+
+# ---------------------------------------------------------------------------
+# What it starts and runs.
+# ---------------------------------------------------------------------------
+
+
+def test_the_configurations_have_stable_names():
+    assert list(bs.CONFIGS) == NAMES
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_serve_args_and_env_of_each_configuration(name):
+    cfg = bs.CONFIGS[name]
+    args = bs.serve_args(cfg, "/m")
+    env = bs.serve_env(cfg)
+    assert args[0] == "/m" and _opt(args, "--served-model-name") == "smollm2"
+    assert _opt(args, "--dtype") == "float32"
+    assert ("--enforce-eager" in args) == name.endswith("eager")
+    pp = 2 if name.startswith("pp2") else 1
+    assert _opt(args, "--pipeline-parallel-size") == (str(pp) if pp == 2 else None)
+    assert _opt(args, "--distributed-executor-backend") == ("mp" if pp == 2 else None)
+    spec = _opt(args, "--speculative-config")
+    if "ngram" in name:
+        assert json.loads(spec or "") == {
+            "method": "ngram",
+            "num_speculative_tokens": 3,
+            "prompt_lookup_min": 2,
+            "prompt_lookup_max": 5,
+        }
+    else:
+        assert spec is None
+    # vLLM's own eager PP=2 fails on CPU: there the plugin's worker (mode off)
+    # serves; everywhere else the worker is vLLM's choice (the plugin selects
+    # itself for PP + spec).
+    want_worker = "vllm_ppspec.worker.PPSpecWorker" if name == "pp2 no spec eager" else None
+    assert _opt(args, "--worker-cls") == want_worker
+    # One core per stage at PP=2, both cores at PP=1 (as the demo).
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == ("0|1" if pp == 2 else "auto")
+
+
+def test_bench_args_drive_the_load_greedy_and_save_every_text(tmp_path):
+    result = tmp_path / "r.json"
+    args = bs.bench_args("http://127.0.0.1:1", "/tok", tmp_path / "d.json", 24, 8, 96, result)
+    assert args[:2] == ["bench", "serve"]
+    expect = {
+        "--backend": "openai-chat",
+        "--endpoint": "/v1/chat/completions",
+        "--base-url": "http://127.0.0.1:1",
+        "--model": "smollm2",
+        "--tokenizer": "/tok",
+        "--dataset-name": "sharegpt",
+        "--dataset-path": str(tmp_path / "d.json"),
+        "--sharegpt-output-len": "96",
+        "--temperature": "0",
+        "--num-prompts": "24",
+        "--max-concurrency": "8",
+        "--result-dir": str(tmp_path),
+        "--result-filename": "r.json",
+    }
+    assert {k: _opt(args, k) for k in expect} == expect
+    for flag in ("--disable-shuffle", "--save-detailed"):
+        assert flag in args
+    assert "--ignore-eos" not in args  # a request ends at EOS, as a chat user gets it
+    assert "--ignore-eos" in bs.bench_args("u", "t", tmp_path, 1, 1, 5, result, ignore_eos=True)
+
+
+def test_prompt_counts_are_multiples_of_the_load():
+    assert [bs.num_prompts(x, 18) for x in (1, 8, 16, 32, 64)] == [18, 24, 32, 32, 64]
+    assert bs.num_prompts(8, 4) == 8
+
+
+def test_selection_adds_the_reference_and_refuses_unknown_names(capsys):
+    assert [c.name for c in bs.selected(None)] == NAMES
+    picked = [c.name for c in bs.selected("pp2 ngram eager, pp2 no spec compiled")]
+    assert picked == ["pp1 no spec eager", "pp2 ngram eager", "pp2 no spec compiled"]
+    assert [c.name for c in bs.selected("pp1 no spec compiled,pp2 ngram compiled")] == [
+        "pp1 no spec compiled",
+        "pp2 ngram compiled",
+    ]
+    with pytest.raises(SystemExit, match="unknown configuration"):
+        bs.selected("pp3 ngram eager")
+
+
+def test_the_shipped_prompts_start_with_the_demos_and_ship_in_the_wheel(tmp_path):
+    prompts = bs.load_prompts(bs.PROMPTS_FILE)
+    assert len(prompts) == 18 and prompts[:6] == PROMPTS
+    assert len(set(prompts)) == len(prompts)
+    data = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert "data/*.jsonl" in data["tool"]["setuptools"]["package-data"]["vllm_ppspec_tools"]
+    assert data["project"]["scripts"]["vllm-ppspec-bench-serve"] == (
+        "vllm_ppspec_tools.bench_serve:main"
+    )
+    # Row i of a written dataset is prompt i mod len: the output check relies on it.
+    path = bs.write_dataset(prompts, 20, tmp_path / "d.json")
+    assert bs.dataset_prompts(path) == [prompts[i % 18] for i in range(20)]
+
+
+# ---------------------------------------------------------------------------
+# What it makes of vLLM's results.
+# ---------------------------------------------------------------------------
+
+
+def _real() -> dict:
+    return json.loads(RESULT.read_text())
+
+
+def test_run_record_reads_a_real_vllm_bench_serve_result():
+    raw = _real()
+    rec = rep.run_record(raw)
+    assert rec["output_tok_s"] == round(raw["output_throughput"], 2) > 0
+    assert rec["completed"] == raw["completed"] == len(rec["texts"]) > 0
+    assert rec["failed"] == 0 and not any(rec["errors"])
+    assert rec["output_tokens"] == raw["total_output_tokens"]
+    assert all(isinstance(t, str) and t for t in rec["texts"])
+
+
+def _runs(tps: dict[str, dict[str, list[float]]]) -> dict:
+    """Runs whose records are the real result with the given tok/s."""
+    base = rep.run_record(_real())
+    return {
+        name: {
+            load: [{**copy.deepcopy(base), "output_tok_s": t} for t in ts]
+            for load, ts in loads.items()
+        }
+        for name, loads in tps.items()
+    }
+
+
+CANNED = {
+    "pp1 no spec eager": {"1": [30.0, 28.0, 29.0], "8": [90.0, 88.0, 92.0]},
+    "pp1 ngram compiled": {"1": [36.0, 37.0, 35.0], "8": [110.0, 112.0, 111.0]},
+    "pp2 no spec compiled": {"1": [28.0, 28.5, 27.0], "8": [77.0, 78.0, 80.0]},
+    "pp2 ngram eager": {"1": [30.0, 31.0, 29.0], "8": [120.0, 122.0, 124.0]},
+    "pp2 ngram compiled": {"1": [43.0, 44.0, 42.0], "8": [140.0, 139.0, 141.0]},
+}
+
+
+def _configs(names) -> dict:
+    return {n: bs.CONFIGS[n].describe() for n in names}
+
+
+def test_summary_keeps_each_repeat_with_min_and_median():
+    summary = rep.summarize(_runs(CANNED))
+    row = summary["pp2 ngram compiled"]["1"]
+    assert row["output_tok_s"] == [43.0, 44.0, 42.0]
+    assert (row["min"], row["median"]) == (42.0, 43.0)
+    n = rep.run_record(_real())["completed"]
+    assert row["completed"] == 3 * n and row["failed"] == 0 and row["run_errors"] == []
+
+
+def test_ratios_take_the_best_of_each_group_by_median():
+    summary = rep.summarize(_runs(CANNED))
+    r = rep.ratios(summary, _configs(CANNED), [1, 8])
+    assert r["1"]["best_pp2_spec"] == "pp2 ngram compiled"
+    assert r["1"]["best_pp1"] == "pp1 ngram compiled"
+    assert r["1"]["best_pp2_no_spec"] == "pp2 no spec compiled"
+    assert r["1"]["pp2_spec_over_best_pp1"] == round(43.0 / 36.0, 3)
+    assert r["8"]["pp2_spec_over_best_pp2_no_spec"] == round(140.0 / 78.0, 3)
+    only_pp1 = {k: v for k, v in summary.items() if k.startswith("pp1")}
+    assert rep.ratios(only_pp1, _configs(CANNED), [1])["1"]["pp2_spec_over_best_pp1"] is None
+
+
+def test_the_output_check_compares_each_request_with_pp1_without_spec():
+    runs = _runs(CANNED)
+    n = len(runs["pp1 no spec eager"]["1"][0]["texts"])
+    check = rep.check_outputs(runs, _configs(CANNED))
+    assert (
+        check["identical"] and check["compared"] == (5 * 3 - 1) * 2 * n
+    )  # the reference's first repeat is the reference
+    # One changed text: named; a failed request is not compared.
+    runs["pp2 ngram compiled"]["8"][2]["texts"][1] += " x"
+    runs["pp2 ngram eager"]["1"][0]["texts"][0] = ""
+    runs["pp2 ngram eager"]["1"][0]["errors"][0] = "boom"
+    check = rep.check_outputs(runs, _configs(CANNED))
+    assert check["mismatches"] == ["pp2 ngram compiled @8 repeat 3 request 1"]
+    assert check["compared"] == (5 * 3 - 1) * 2 * n - 1
+    # Compiled configurations compare with the compiled reference when it ran.
+    assert rep.reference_for("pp2 ngram compiled", _configs(NAMES)) == "pp1 no spec compiled"
+    assert rep.reference_for("pp2 ngram compiled", _configs(CANNED)) == "pp1 no spec eager"
+
+
+def _data(runs: dict) -> dict:
+    return {
+        "label": "smoke",
+        "loads": [1, 8],
+        "repeats": 3,
+        "output_len": 96,
+        "cpus": 2,
+        "spec": bs.spec_config(),
+        "configs": _configs(runs),
+        "runs": runs,
+    }
+
+
+def test_finish_writes_the_json_and_prints_the_ratio_table(tmp_path, capsys):
+    code = rep.finish(_data(_runs(CANNED)), tmp_path, "t")
+    out = capsys.readouterr().out
+    assert code == 0, out
+    data = json.loads((tmp_path / "bench-serve-t.json").read_text())
+    assert {"configs", "runs", "summary", "ratios", "outputs", "loads"} <= set(data)
+    assert set(data["summary"]) == set(CANNED)
+    assert set(data["summary"]["pp1 no spec eager"]) == {"1", "8"}
+    assert set(data["summary"]["pp1 no spec eager"]["8"]) == {
+        "output_tok_s",
+        "min",
+        "median",
+        "completed",
+        "failed",
+        "run_errors",
+    }
+    run = data["runs"]["pp2 ngram eager"]["8"][0]
+    assert "texts" not in run and "errors" not in run and run["output_tok_s"] == 120.0
+    assert data["outputs"]["identical"] is True
+    assert "PP=2+spec / best PP=1" in out and "1.19x" in out  # 43 / 36 at 1 in flight
+    assert "PP=2+spec / best PP=2 no spec" in out and "1.79x" in out  # 140 / 78 at 8
+    assert "outputs identical to PP=1 without spec: True" in out
+
+
+def test_finish_fails_on_a_different_output_or_a_failed_request(tmp_path, capsys):
+    runs = _runs(CANNED)
+    runs["pp2 ngram eager"]["8"][0]["texts"][0] += "!"
+    assert rep.finish(_data(runs), tmp_path, "a") == 1
+    runs = _runs(CANNED)
+    runs["pp2 ngram eager"]["8"][0]["failed"] = 1
+    assert rep.finish(_data(runs), tmp_path, "b") == 1
+    runs = _runs(CANNED)
+    runs["pp2 ngram eager"]["8"].append({"error": "server did not start"})
+    assert rep.finish(_data(runs), tmp_path, "c") == 1
+
+
+def test_the_plot_writer_draws_one_line_per_configuration(tmp_path):
+    pytest.importorskip("matplotlib")
+    data = _data(_runs(CANNED))
+    data["summary"] = rep.summarize(data["runs"])
+    path = tmp_path / "p.png"
+    assert rep.plot(data, path) == list(CANNED)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
