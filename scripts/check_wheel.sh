@@ -39,7 +39,7 @@ assert not tools, f"the plugin imported tools or fixtures: {tools}"
 scripts = {
     e.name: e for e in md.entry_points(group="console_scripts") if e.name.startswith("vllm-ppspec-")
 }
-want = {"demo", "bench", "soak", "transport-bench", "async-cpu-bench", "drift"}
+want = {"demo", "bench", "bench-serve", "soak", "transport-bench", "async-cpu-bench", "drift"}
 assert set(scripts) == {f"vllm-ppspec-{t}" for t in want}, sorted(scripts)
 for name, e in scripts.items():
     main = e.load()
@@ -50,4 +50,6 @@ print(f"wheel: entry point loaded, {worker.__module__}.{worker.__name__} resolve
 PY
 "$out/venv/bin/python" -m vllm_ppspec_tools.drift --help > /dev/null
 "$out/venv/bin/python" -m vllm_ppspec_tools.demo --help > /dev/null
+# bench-serve reads its shipped prompt set from the package.
+"$out/venv/bin/python" -c 'from vllm_ppspec_tools import bench_serve; print(len(bench_serve.load_prompts(bench_serve.PROMPTS_FILE)), "prompts shipped")'
 echo "wheel: $(basename "$wheel") checked; tools run from it"
