@@ -195,12 +195,6 @@ class Watch:
                     pass  # that peer is gone already
 
 
-def start_guardian(heartbeat: Heartbeat) -> None:
-    """This worker's guardian (``heartbeat.py``): it ends this worker when the
-    watch thread stops beating."""
-    heartbeat.start_guardian()
-
-
 def stop_this_node(parent: int) -> None:
     """What stopping a headless ``vllm serve`` does: SIGTERM to it (``parent``,
     while it is still this process's parent)."""
@@ -218,7 +212,7 @@ def watch_pp_peers(cpu_group: Any, host: str) -> list[int]:
     _WATCH[:] = [watch]
     heartbeat = watch.peers.heartbeat
     if heartbeat is not None and set(watch.peers) - watch.peers.same_executor:
-        start_guardian(heartbeat)  # a peer on another executor cannot end this worker
+        heartbeat.start_guardian()  # a peer on another executor cannot end this worker
     threading.Thread(target=watch.run, daemon=True, name="ppspec-peer-watch").start()
     return sorted(watch.peers)
 
