@@ -33,6 +33,7 @@ from vllm.v1.outputs import DraftTokenIds
 from vllm.v1.request import RequestStatus
 
 from vllm_ppspec.policy import Mode
+from vllm_ppspec.sched import adaptive_k
 from vllm_ppspec.sched.draft_delivery import attached_drafts
 
 logger = init_logger("vllm.ppspec")
@@ -69,6 +70,7 @@ class PPSpecScheduler(Scheduler):
         super().__init__(*args, **kwargs)
         self.ppspec_batches = BatchesInFlight()
         self.ppspec_depth = int(self.vllm_config.max_concurrent_batches)
+        self.ppspec_adaptive_k = adaptive_k.start(self)
 
     def held_back(self) -> list[Any]:
         """Running requests left for a later batch (see the module docstring)."""
@@ -79,12 +81,16 @@ class PPSpecScheduler(Scheduler):
         return ready[quota:]
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        if self.ppspec_adaptive_k is not None:
+            self.ppspec_adaptive_k.before_schedule(self)
         held = self.held_back()
         if held:
             scheduler_output = self._schedule_without(held, *args, **kwargs)
         else:
             scheduler_output = super().schedule(*args, **kwargs)
         self.ppspec_batches.scheduled(scheduler_output)
+        if self.ppspec_adaptive_k is not None:
+            self.ppspec_adaptive_k.scheduled(scheduler_output)
         return scheduler_output
 
     def _schedule_without(self, held: list[Any], *args: Any, **kwargs: Any) -> Any:
@@ -96,6 +102,8 @@ class PPSpecScheduler(Scheduler):
             for req_id in scheduler_output.num_scheduled_tokens
             if (req := self.requests.get(req_id)) is not None and req.num_stale_output_tokens > 0
         }
+        if self.ppspec_adaptive_k is not None:
+            self.ppspec_adaptive_k.after_output(self, scheduler_output, model_runner_output)
         outputs = super().update_from_output(scheduler_output, model_runner_output)
         self.ppspec_batches.processed(scheduler_output)
         drafts = attached_drafts(model_runner_output)

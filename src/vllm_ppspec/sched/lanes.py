@@ -36,6 +36,7 @@ from typing import Any
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 
 from vllm_ppspec.policy import Mode
+from vllm_ppspec.sched import adaptive_k
 from vllm_ppspec.sched.filled import BatchesInFlight, schedule_without
 
 
@@ -48,6 +49,7 @@ class PPSpecLaneScheduler(AsyncScheduler):
         self.ppspec_steps = 0  # schedule() calls: every one reaches the workers
         self.ppspec_lane_of: dict[str, int] = {}
         self.ppspec_batches = BatchesInFlight()
+        self.ppspec_adaptive_k = adaptive_k.start(self)
 
     def lane_split(self, lane: int) -> tuple[list[Any], int]:
         """Running requests of other lanes, and how many waiting ones this step may admit."""
@@ -69,10 +71,14 @@ class PPSpecLaneScheduler(AsyncScheduler):
         # Preempted and finished requests lose their lane.
         self.ppspec_lane_of = {r: n for r, n in self.ppspec_lane_of.items() if r in running}
         held, admit = self.lane_split(lane)
+        if self.ppspec_adaptive_k is not None:
+            self.ppspec_adaptive_k.before_schedule(self)
         scheduler_output = schedule_without(self, super().schedule, held, admit, *args, **kwargs)
         for req_id in scheduler_output.num_scheduled_tokens:
             self.ppspec_lane_of.setdefault(req_id, lane)
         self.ppspec_batches.scheduled(scheduler_output)
+        if self.ppspec_adaptive_k is not None:
+            self.ppspec_adaptive_k.scheduled(scheduler_output)
         return scheduler_output
 
     def _update_after_schedule(self, scheduler_output: Any) -> None:
@@ -83,6 +89,8 @@ class PPSpecLaneScheduler(AsyncScheduler):
                 request.spec_token_ids = []
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
+        if self.ppspec_adaptive_k is not None:
+            self.ppspec_adaptive_k.after_output(self, scheduler_output, model_runner_output)
         outputs = super().update_from_output(scheduler_output, model_runner_output)
         self.ppspec_batches.processed(scheduler_output)
         return outputs
