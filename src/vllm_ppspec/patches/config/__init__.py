@@ -42,7 +42,8 @@ at PP > 1:
   with PP on the V1 runner inside ``__post_init__`` itself, it lifts that
   refusal where the mode is not off only (:mod:`.async_hold`). With
   ``VLLM_PPSPEC_ADAPTIVE_K=1``, mode not off, it stands a static-K schedule in
-  for the one the plugin's scheduler will measure (:func:`vllm_ppspec.sched.adaptive_k.mark_config`).
+  for the one the plugin's scheduler will measure
+  (:func:`vllm_ppspec.sched.adaptive_k.mark_config`).
 * ``EngineCore.post_step``: skipped with the sync scheduler. It would fetch
   the latest drafts with a blocking call that waits for the batch to leave
   the pipeline; the drafts come with the batch's output instead
@@ -60,11 +61,11 @@ from typing import Any
 
 from vllm_ppspec import patches, policy
 from vllm_ppspec.patches.config import selection, stop_grace
-from vllm_ppspec.sched import adaptive_k
 from vllm_ppspec.patches.config.async_hold import hold_async, restore_async
 from vllm_ppspec.patches.config.refusals import pp_spec_unsupported
 from vllm_ppspec.patches.config.selection import select_worker
 from vllm_ppspec.policy import Mode
+from vllm_ppspec.sched import adaptive_k
 from vllm_ppspec.worker_choice import acts, plugin_named, v2_refusal, v2_required
 
 PP_ASYNC_REFUSAL = "pipeline parallelism with async scheduling"
