@@ -6,17 +6,21 @@ while they serve, then set vLLM's own schedule, ``Scheduler.dynamic_sd_lookup``
 (K by the number of requests in a batch), and log it in the form
 ``--speculative-config`` takes, so it can be pinned.
 
-* **Measuring**, for the first :data:`BATCHES_ENV` (default 200) decode
-  batches: each batch's K (the drafts proposed after it) is drawn from
-  ``0..k`` with a fixed seed. Per batch the scheduler records its requests,
-  tokens, K, and the seconds it took through the pipeline: from the later of
-  its scheduling and the previous batch's output to its own output (with the
-  pipeline filled, the interval between outputs; with one batch, its round
-  trip; idle time never counts). Per request it records the drafts scheduled,
-  the K they were proposed with, and how many were accepted.
-* **Then** :mod:`vllm_ppspec.sched.k_model` fits the batch cost and picks, for
-  every batch size, the K with the most tokens per second. The schedule is
-  kept until the engine stops.
+* **Measuring.** Per decode batch the scheduler records its requests,
+  tokens, K (the drafter's passes after it), and the seconds it took through
+  the pipeline: from the later of its scheduling and the previous batch's
+  output to its own output (with the pipeline filled, the interval between
+  outputs; with one batch, its round trip; idle time never counts). Per
+  request it records the drafts scheduled, the K they were proposed with, and
+  how many were accepted (counted since the start).
+* **Choosing.** Once :data:`BATCHES_ENV` (default 200) decode batches are in,
+  and again each time a quarter of that window is new,
+  :mod:`vllm_ppspec.sched.k_model` fits the batch cost over the window and
+  picks, for every batch size, the K with the most tokens per second. A
+  changed schedule is logged. Until the first choice each batch's K is drawn
+  from ``0..k``; after it, one batch in ten runs K - 1 or K + 1 of the
+  schedule, so the cost of a draft pass stays measured. The draws use a
+  fixed seed.
 
 Tokens never change: vLLM verifies drafts, so K only changes how many are
 tried (greedy output equals PP=1 without spec at every K, ``K = 0``
@@ -30,6 +34,7 @@ from __future__ import annotations
 import os
 import random
 import time
+from collections import deque
 from typing import Any
 
 from vllm.logger import init_logger
@@ -42,6 +47,8 @@ ADAPTIVE_ENV = "VLLM_PPSPEC_ADAPTIVE_K"
 BATCHES_ENV = "VLLM_PPSPEC_ADAPTIVE_K_BATCHES"
 DEFAULT_BATCHES = 200
 STAND_IN_FLAG = "ppspec_adaptive_k_stand_in"
+EXPLORE = 0.1  # share of batches run at the chosen K - 1 or K + 1
+REFIT = 0.25  # choose again after this share of the window is new
 
 
 def mark_config(vllm_config: Any, plugin_acts: bool) -> None:
@@ -85,41 +92,41 @@ def start(sched: Any) -> AdaptiveK | None:
         raise ValueError(f"{BATCHES_ENV}={batches}: give a number of batches >= 1")
     max_batch = int(sched.scheduler_config.max_num_seqs)
     logger.info(
-        "vllm-ppspec: adaptive K: measuring over the first %d decode batches (K 0..%d)", batches, k
+        "vllm-ppspec: adaptive K: measuring over windows of %d decode batches (K 0..%d)", batches, k
     )
     return AdaptiveK(k, max_batch, batches)
 
 
 class AdaptiveK:
+    """The measurements and the schedule of one plugin scheduler (engine core)."""
+
     def __init__(self, k: int, max_batch: int, batches: int) -> None:
         self.k = k
         self.max_batch = max_batch
-        self.wanted = batches
+        self.window = batches
         self.acceptance = k_model.Acceptance(k)
-        self.samples: list[tuple[int, int, int, float]] = []
-        self.explore = random.Random(0)
+        self.samples: deque[tuple[int, int, int, float]] = deque(maxlen=batches)
+        self.new_samples = 0
+        self.draw = random.Random(0)
         self.proposed_k: dict[str, int] = {}  # request -> K of its latest batch
         self.in_flight: dict[int, tuple[float, dict[str, tuple[int, int]]]] = {}
         self.last_output = 0.0
         self.schedule: list[list[int]] | None = None
-
-    @property
-    def measuring(self) -> bool:
-        return self.schedule is None
+        self.lookups: tuple[list[int], list[int], list[int]] | None = None  # chosen, -1, +1
 
     def before_schedule(self, sched: Any) -> None:
-        """While measuring: vLLM's lookup gives the next batch a drawn K."""
-        if self.measuring:
-            sched.dynamic_sd_lookup = [self.explore.randint(0, self.k)] * (self.max_batch + 1)
-
-    def after_output(self, sched: Any, out: Any, runner_output: Any) -> None:
-        """Record a batch's output; set vLLM's lookup once the schedule is chosen."""
-        lookup = self.processed(out, runner_output)
-        if lookup is not None:
-            sched.dynamic_sd_lookup = lookup
+        """Set vLLM's lookup for the next batch: a drawn K until the first
+        schedule; then the schedule, and one batch in :data:`EXPLORE` its
+        K - 1 or K + 1, so the cost of a draft pass stays measured."""
+        if self.lookups is None:
+            sched.dynamic_sd_lookup = [self.draw.randint(0, self.k)] * (self.max_batch + 1)
+        elif self.draw.random() < EXPLORE:
+            sched.dynamic_sd_lookup = self.lookups[self.draw.choice((1, 2))]
+        else:
+            sched.dynamic_sd_lookup = self.lookups[0]
 
     def scheduled(self, out: Any) -> None:
-        if out.total_num_scheduled_tokens <= 0 or not self.measuring:
+        if out.total_num_scheduled_tokens <= 0:
             return
         rounds = {
             req_id: (
@@ -132,55 +139,77 @@ class AdaptiveK:
             self.proposed_k[req_id] = int(out.num_spec_tokens_to_schedule)
         self.in_flight[id(out)] = (time.perf_counter(), rounds)
 
-    def processed(self, out: Any, runner_output: Any) -> list[int] | None:
-        """Record a batch's output; the dense lookup (index: batch size) once
-        the schedule is chosen."""
+    def after_output(self, sched: Any, out: Any, runner_output: Any) -> None:
+        """Record a batch's output; every :data:`REFIT` of the window's new
+        batches, choose the schedule again and set vLLM's lookup."""
+        if not self.record(out, runner_output):
+            return
+        if len(self.samples) < self.window or self.new_samples < self.window * REFIT:
+            return
+        self.new_samples = 0
+        self.proposed_k = {r: k for r, k in self.proposed_k.items() if r in sched.requests}
+        self.choose()
+        assert self.lookups is not None
+        sched.dynamic_sd_lookup = self.lookups[0]
+
+    def record(self, out: Any, runner_output: Any) -> bool:
+        """Add a batch's rounds to the acceptance, and its cost if it was a
+        decode batch; whether it was."""
         record = self.in_flight.pop(id(out), None)
         now = time.perf_counter()
         seconds = now - max(record[0], self.last_output) if record else 0.0
         self.last_output = now
-        if record is None or not self.measuring:
-            return None
+        if record is None:
+            return False
         decode_only = True
         index = runner_output.req_id_to_index if runner_output is not None else {}
         for req_id, (proposed, drafts) in record[1].items():
             if out.num_scheduled_tokens[req_id] != 1 + drafts:
-                decode_only = False
+                decode_only = False  # a prefill chunk
                 continue
             row = index.get(req_id)
             sampled = runner_output.sampled_token_ids[row] if row is not None else []
             if len(sampled) > 0:
                 self.acceptance.add(proposed, drafts, len(sampled) - 1)
         if decode_only:
-            self.samples.append(
-                (
-                    len(out.num_scheduled_tokens),
-                    int(out.total_num_scheduled_tokens),
-                    int(out.num_spec_tokens_to_schedule),
-                    seconds,
-                )
+            batch = (
+                len(out.num_scheduled_tokens),
+                int(out.total_num_scheduled_tokens),
+                int(out.num_spec_tokens_to_schedule),
+                seconds,
             )
-        if len(self.samples) < self.wanted:
-            return None
-        return self._choose()
+            self.samples.append(batch)
+            self.new_samples += 1
+        return decode_only
 
-    def _choose(self) -> list[int]:
+    def choose(self) -> None:
         from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
 
-        cost = k_model.fit_cost(self.samples)
+        cost = k_model.fit_cost(list(self.samples))
         per_size = [
             k_model.best_k(cost, self.acceptance, size) for size in range(1, self.max_batch + 1)
         ]
-        self.schedule = k_model.schedule_ranges(per_size)
-        self.proposed_k.clear()
-        self.in_flight.clear()
+        chosen = list(
+            build_dynamic_sd_schedule_lookup(
+                k_model.schedule_ranges(per_size), self.max_batch, self.k
+            )
+        )
+        self.lookups = (
+            chosen,
+            [max(0, k - 1) for k in chosen],
+            [min(self.k, k + 1) for k in chosen],
+        )
+        schedule = k_model.schedule_ranges(per_size)
+        if schedule == self.schedule:
+            return
+        self.schedule = schedule
         rates = ", ".join(
             f"{self.acceptance.rate(self.acceptance.accepted, i):.2f}" for i in range(self.k)
         )
         logger.info(
             "vllm-ppspec: adaptive K: num_speculative_tokens_per_batch_size=%s "
-            "(from %d batches: %.2f ms a batch + %.3f ms a token + %.2f ms a draft pass "
-            "+ %.3f ms a request; acceptance by position %s)",
+            "(from the latest %d batches: %.2f ms a batch + %.3f ms a token + %.2f ms a draft "
+            "pass + %.3f ms a request; acceptance by position %s)",
             self.schedule,
             len(self.samples),
             cost.base * 1e3,
@@ -189,4 +218,3 @@ class AdaptiveK:
             cost.per_request * 1e3,
             rates,
         )
-        return list(build_dynamic_sd_schedule_lookup(self.schedule, self.max_batch, self.k))

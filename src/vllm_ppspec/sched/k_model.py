@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+ROBUST_PASSES = 30
+
 
 @dataclass
 class Acceptance:
@@ -71,7 +73,9 @@ class Cost:
 def fit_cost(samples: list[tuple[int, int, int, float]]) -> Cost:
     """Least squares over ``(requests, tokens, k, seconds)`` samples, every
     term >= 0. A term whose input does not vary is left out (its share goes
-    to ``base``); samples more than 3 median deviations off are dropped once."""
+    to ``base``). Least absolute deviations (reweighted least squares,
+    :data:`ROBUST_PASSES` passes), so that a stalled batch (a preemption, another
+    process on the core) does not pull the fit."""
     data = np.asarray(samples, dtype=float)
     requests, tokens, passes, seconds = data.T
     columns = {"per_token": tokens, "per_pass": passes, "per_request": requests}
@@ -80,14 +84,12 @@ def fit_cost(samples: list[tuple[int, int, int, float]]) -> Cost:
         # One request per batch size: tokens and requests move together.
         if np.corrcoef(tokens, requests)[0, 1] > 0.98:
             varying.remove("per_request")
-    keep = np.ones(len(seconds), dtype=bool)
-    for attempt in range(2):
-        coef = _nonnegative_fit(seconds[keep], {n: columns[n][keep] for n in varying})
-        if attempt == 0:
-            predicted = coef["base"] + sum(coef.get(n, 0.0) * columns[n] for n in varying)
-            residual = seconds - predicted
-            spread = float(np.median(np.abs(residual - np.median(residual)))) or 1e-9
-            keep = np.abs(residual) <= 3 * spread * 1.4826 + 1e-12
+    weights = np.ones_like(seconds)
+    floor = 1e-3 * float(np.median(seconds)) + 1e-12
+    for _ in range(ROBUST_PASSES):
+        coef = _nonnegative_fit(seconds, {n: columns[n] for n in varying}, weights)
+        predicted = coef["base"] + sum(coef.get(n, 0.0) * columns[n] for n in varying)
+        weights = 1 / np.maximum(np.abs(seconds - predicted), floor)
     return Cost(
         base=coef["base"],
         per_token=coef.get("per_token", 0.0),
@@ -96,13 +98,16 @@ def fit_cost(samples: list[tuple[int, int, int, float]]) -> Cost:
     )
 
 
-def _nonnegative_fit(y: np.ndarray, columns: dict[str, np.ndarray]) -> dict[str, float]:
-    """Least squares ``y ~ base + sum(c * x)``; while a coefficient is negative,
-    the most negative one is set to 0 and the rest refitted."""
+def _nonnegative_fit(
+    y: np.ndarray, columns: dict[str, np.ndarray], weights: np.ndarray
+) -> dict[str, float]:
+    """Weighted least squares ``y ~ base + sum(c * x)``; while a coefficient is
+    negative, the most negative one is set to 0 and the rest refitted."""
     names = list(columns)
+    root = np.sqrt(weights)
     while True:
         x = np.column_stack([np.ones_like(y)] + [columns[n] for n in names])
-        solution = np.linalg.lstsq(x, y, rcond=None)[0]
+        solution = np.linalg.lstsq(x * root[:, None], y * root, rcond=None)[0]
         coef = dict(zip(["base", *names], (float(c) for c in solution), strict=True))
         negative = [n for n in names if coef[n] < 0]
         if not negative:
