@@ -33,6 +33,8 @@ NAMES = [
     "pp2 no spec compiled",
     "pp2 ngram eager",
     "pp2 ngram compiled",
+    "pp2 ngram adaptive K eager",
+    "pp2 ngram adaptive K compiled",
 ]
 
 
@@ -77,6 +79,8 @@ def test_serve_args_and_env_of_each_configuration(name):
     assert _opt(args, "--worker-cls") == want_worker
     # One core per stage at PP=2, both cores at PP=1 (as the demo).
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == ("0|1" if pp == 2 else "auto")
+    # The plugin's adaptive K where the name says so, and only there.
+    assert env.get("VLLM_PPSPEC_ADAPTIVE_K") == ("1" if "adaptive K" in name else None)
 
 
 def test_bench_args_drive_the_load_greedy_and_save_every_text(tmp_path):

@@ -21,7 +21,8 @@ reader needs only ``json`` and sends each prompt as it is.
 
 Configurations (:data:`CONFIGS`, ``--configs`` picks some by name): PP=1 and
 PP=2, no spec and ngram (k=3, prompt lookup 2-5 tokens, as the demo), each
-eager (``--enforce-eager``) and compiled (vLLM's default). PP=2 runs one core
+eager (``--enforce-eager``) and compiled (vLLM's default); and PP=2 + ngram
+with the plugin's adaptive K (``VLLM_PPSPEC_ADAPTIVE_K=1``, k=3 the most). PP=2 runs one core
 per stage (``VLLM_CPU_OMP_THREADS_BIND=0|1``), PP=1 both cores. PP=2 without
 spec runs vLLM's own worker compiled; eager, vLLM's own PP=2 fails on CPU
 (``assert self.intermediate_tensors is not None``), so it runs the plugin's
@@ -75,23 +76,29 @@ class Config:
     pp: int
     spec: bool
     eager: bool
+    adaptive: bool = False
 
     def describe(self) -> dict[str, Any]:
-        return {"pp": self.pp, "spec": self.spec, "eager": self.eager}
+        return {"pp": self.pp, "spec": self.spec, "eager": self.eager, "adaptive": self.adaptive}
 
 
 def _config(name: str) -> Config:
     pp, *middle, mode = name.split()
-    return Config(name, int(pp[2:]), " ".join(middle) != "no spec", mode == "eager")
+    spec = " ".join(middle)
+    return Config(name, int(pp[2:]), spec != "no spec", mode == "eager", "adaptive" in spec)
 
 
 CONFIGS: dict[str, Config] = {
     n: _config(n)
     for n in (
-        f"pp{pp} {spec} {mode}"
-        for pp in (1, 2)
-        for spec in ("no spec", "ngram")
-        for mode in ("eager", "compiled")
+        *(
+            f"pp{pp} {spec} {mode}"
+            for pp in (1, 2)
+            for spec in ("no spec", "ngram")
+            for mode in ("eager", "compiled")
+        ),
+        "pp2 ngram adaptive K eager",
+        "pp2 ngram adaptive K compiled",
     )
 }
 
@@ -118,10 +125,12 @@ def serve_args(cfg: Config, model: str, k: int = K) -> list[str]:
 
 
 def serve_env(cfg: Config) -> dict[str, str]:
-    """One core per stage at PP=2, both cores at PP=1 (fixtures.run_offline.cpu_env)."""
+    """One core per stage at PP=2, both cores at PP=1 (fixtures.run_offline.cpu_env);
+    ``VLLM_PPSPEC_ADAPTIVE_K=1`` for the adaptive configurations."""
+    from vllm_ppspec.sched.adaptive_k import ADAPTIVE_ENV
     from vllm_ppspec_tools.fixtures.run_offline import cpu_env
 
-    return cpu_env(cfg.pp)
+    return cpu_env(cfg.pp) | ({ADAPTIVE_ENV: "1"} if cfg.adaptive else {})
 
 
 def num_prompts(load: int, at_least: int) -> int:
