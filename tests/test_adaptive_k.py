@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from vllm_ppspec import WORKER_QUALNAME
+from vllm_ppspec.patches.config import adaptive_k as config_adaptive_k
 from vllm_ppspec.sched import adaptive_k, k_model
 from vllm_ppspec.sched.k_model import Acceptance, Cost
 
@@ -203,19 +204,18 @@ def _sched(spec, dp: int = 1):
 def test_the_stand_in_is_set_only_on_the_plugins_lines_without_a_users_schedule(monkeypatch):
     monkeypatch.setenv(adaptive_k.ADAPTIVE_ENV, "1")
     cfg = SimpleNamespace(speculative_config=_spec())
-    adaptive_k.mark_config(cfg, plugin_acts=True)
+    assert config_adaptive_k.stand_in(cfg, plugin_acts=True)
     assert cfg.speculative_config.num_speculative_tokens_per_batch_size == [(1, 1, 3)]
     off = SimpleNamespace(speculative_config=_spec())
-    adaptive_k.mark_config(off, plugin_acts=False)
+    assert not config_adaptive_k.stand_in(off, plugin_acts=False)
     assert off.speculative_config.num_speculative_tokens_per_batch_size is None
     users = SimpleNamespace(speculative_config=_spec())
     users.speculative_config.num_speculative_tokens_per_batch_size = [(1, 4, 2), (5, 8, 1)]
-    adaptive_k.mark_config(users, plugin_acts=True)
+    assert not config_adaptive_k.stand_in(users, plugin_acts=True)
     assert users.speculative_config.num_speculative_tokens_per_batch_size == [(1, 4, 2), (5, 8, 1)]
-    assert not getattr(users.speculative_config, adaptive_k.STAND_IN_FLAG, False)
     monkeypatch.delenv(adaptive_k.ADAPTIVE_ENV)
     unset = SimpleNamespace(speculative_config=_spec())
-    adaptive_k.mark_config(unset, plugin_acts=True)
+    assert not config_adaptive_k.stand_in(unset, plugin_acts=True)
     assert unset.speculative_config.num_speculative_tokens_per_batch_size is None
 
 

@@ -18,6 +18,9 @@ plugin selects its worker itself).
   between the rounds of one request as requests finish (sync: the batches the
   pipeline is filled with; async: each lane's batch). Acceptance lies between
   the planted rule's at K=1 and at K=3, and the draft count shows both K.
+- Adaptive K (``VLLM_PPSPEC_ADAPTIVE_K=1``, no schedule given): the plugin's
+  scheduler runs drawn K (0 included) over a window of batches, then logs the
+  schedule it chose and runs it; tokens equal PP=1 without spec throughout.
 
 Each case is PP=2 or PP=3 (the 2 | 1 | 1 split), sync and async scheduling;
 ngram with async scheduling is refused by vLLM 0.32.
@@ -63,7 +66,7 @@ def _feature_spec(feature: str, drafters: dict[str, str]) -> dict:
             "use_heterogeneous_vocab": True}  # fmt: skip
 
 
-def _run(model: str, pp: int, spec: dict, mode: str):
+def _run(model: str, pp: int, spec: dict, mode: str, env: dict | None = None):
     res = run_job(
         job(
             model,
@@ -71,7 +74,7 @@ def _run(model: str, pp: int, spec: dict, mode: str):
             spec=spec,
             async_scheduling=(mode == "async"),
             worker="auto",
-            env=UNEVEN if pp == 3 else {},
+            env=(UNEVEN if pp == 3 else {}) | (env or {}),
         )
     )
     assert res.returncode == 0, res.log[-8000:]
@@ -171,6 +174,37 @@ def test_dynamic_k_with_each_method_matches_pp1(models, pp1_greedy, method, pp, 
     slack = 3 if method == "mtp" else 0
     assert low_acc - slack <= got["accepted"] <= high_acc, (got, low_acc, high_acc)
     assert low_drafts < got["drafts"] < high_drafts + K, (got, low_drafts, high_drafts)
+    if method == "draft_model":
+        assert got["accepted"] == got["drafts"], got  # a copy of the target
+
+
+# Adaptive K: windows of 12 decode batches, so that these short jobs choose a
+# schedule, and choose again, while their requests run.
+ADAPTIVE = {"VLLM_PPSPEC_ADAPTIVE_K": "1", "VLLM_PPSPEC_ADAPTIVE_K_BATCHES": "12"}
+
+
+@pytest.mark.parametrize("method,pp,mode", [("ngram", 2, "sync"), ("draft_model", 3, "async")])
+def test_adaptive_k_runs_drawn_then_chosen_k_and_matches_pp1(models, pp1_greedy, method, pp, mode):
+    import random
+    import re
+
+    target, spec = tiny_spec(models, method, K)
+    res = _run(models[target], pp, spec, mode, env=ADAPTIVE)
+    assert res.outputs == pp1_greedy[target]
+    assert res.log.count("adaptive K: measuring over windows of 12 decode batches (K 0..3)") == 1
+    chosen = re.findall(r"adaptive K: num_speculative_tokens_per_batch_size=(\[\[.*?\]\])", res.log)
+    assert chosen, res.log[-4000:]
+    for schedule in chosen:  # vLLM's form: ranges from batch size 1, K in 0..3
+        ranges = [
+            [int(x) for x in r.split(",")] for r in re.findall(r"\[(\d+, \d+, \d+)\]", schedule)
+        ]
+        assert ranges[0][0] == 1 and all(0 <= k <= K for _, _, k in ranges), schedule
+    # The first window's drawn K (a fixed seed) include K = 0: batches whose
+    # requests got no drafts, with the tokens above unchanged.
+    draw = random.Random(0)
+    assert 0 in {draw.randint(0, K) for _ in range(12)}
+    got = res.result["spec"]
+    assert 0 < got["drafts"] < K * got["steps"], got  # K varied
     if method == "draft_model":
         assert got["accepted"] == got["drafts"], got  # a copy of the target
 

@@ -26,6 +26,10 @@ import os
 # moderate load (docs/measurements.md, "One batch or PP batches").
 ONE_BATCH_ENV = "VLLM_PPSPEC_ONE_BATCH"
 
+# K by batch size, measured and chosen by the plugin's schedulers
+# (sched/adaptive_k.py, patches/config/adaptive_k.py).
+ADAPTIVE_K_ENV = "VLLM_PPSPEC_ADAPTIVE_K"
+
 SCHEDULER_QUALNAME = "vllm_ppspec.sched.filled.PPSpecScheduler"
 LANE_SCHEDULER_QUALNAME = "vllm_ppspec.sched.lanes.PPSpecLaneScheduler"
 
@@ -47,6 +51,10 @@ def mode_of(
     if external_launcher:
         return Mode.EXTERNAL
     return Mode.LANES if async_scheduling else Mode.SYNC
+
+
+def adaptive_k() -> bool:
+    return os.environ.get(ADAPTIVE_K_ENV) == "1"
 
 
 def one_batch() -> bool:

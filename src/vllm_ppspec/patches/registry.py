@@ -31,13 +31,17 @@ REGISTRY: tuple[Patch, ...] = (
             "Wrappers that call vLLM's function unchanged unless the plugin worker is "
             "selected; with it, under PP + spec: the plugin's refusals instead of vLLM's, "
             "the V1 runner, PP (sync) or PP + 1 (lanes) batches, the plugin's scheduler, "
-            "no post_step draft fetch."
+            "no post_step draft fetch; with VLLM_PPSPEC_ADAPTIVE_K=1 a static-K "
+            "num_speculative_tokens_per_batch_size where none is given, so vLLM treats K as "
+            "dynamic (the plugin's scheduler replaces the schedule)."
         ),
         upstream="vLLM #45014 (PP + async refusal), #46994, #52071 (PP + spec on V1)",
         remove_when="vLLM runs speculative decoding under PP on the runner users run",
         attributes=(
             "VllmConfig._vllm_ppspec_patched",  # PATCHED_FLAG: the group is in (mark_installed)
             "SchedulerConfig._vllm_ppspec_async_kept",  # ASYNC_KEPT_FLAG
+            # config/adaptive_k.py's STAND_IN_FLAG: adaptive K's stand-in schedule
+            "SpeculativeConfig._vllm_ppspec_adaptive_k",
         ),
     ),
     Patch(

@@ -39,38 +39,22 @@ from typing import Any
 
 from vllm.logger import init_logger
 
+from vllm_ppspec import policy
+from vllm_ppspec.patches.config.adaptive_k import STAND_IN_FLAG
 from vllm_ppspec.sched import k_model
 
 logger = init_logger("vllm.ppspec")
 
-ADAPTIVE_ENV = "VLLM_PPSPEC_ADAPTIVE_K"
+ADAPTIVE_ENV = policy.ADAPTIVE_K_ENV
 BATCHES_ENV = "VLLM_PPSPEC_ADAPTIVE_K_BATCHES"
 DEFAULT_BATCHES = 200
-STAND_IN_FLAG = "ppspec_adaptive_k_stand_in"
 EXPLORE = 0.1  # share of batches run at the chosen K - 1 or K + 1
 REFIT = 0.25  # choose again after this share of the window is new
 
 
-def mark_config(vllm_config: Any, plugin_acts: bool) -> None:
-    """Before vLLM's ``VllmConfig.__post_init__``, on a line the plugin serves:
-    stand a schedule of the static K in for the one the scheduler will measure.
-
-    vLLM then treats the line as dynamic K everywhere it must know it (CUDA
-    graphs captured piecewise on the V1 runner, no padded decode batches, the
-    schedule dropped with data parallelism), and the plugin's scheduler
-    replaces the schedule once measured. A user's schedule is left alone."""
-    spec = vllm_config.speculative_config
-    if os.environ.get(ADAPTIVE_ENV) != "1" or not plugin_acts or spec is None:
-        return
-    if spec.num_speculative_tokens_per_batch_size or not spec.num_speculative_tokens:
-        return
-    spec.num_speculative_tokens_per_batch_size = [(1, 1, int(spec.num_speculative_tokens))]
-    setattr(spec, STAND_IN_FLAG, True)
-
-
 def start(sched: Any) -> AdaptiveK | None:
     """The adaptive K of a plugin scheduler, or None where it stays off (logged)."""
-    if os.environ.get(ADAPTIVE_ENV) != "1":
+    if not policy.adaptive_k():
         return None
     spec = sched.vllm_config.speculative_config
     k = int(getattr(sched, "num_spec_tokens", 0) or 0)

@@ -43,7 +43,7 @@ at PP > 1:
   refusal where the mode is not off only (:mod:`.async_hold`). With
   ``VLLM_PPSPEC_ADAPTIVE_K=1``, mode not off, it stands a static-K schedule in
   for the one the plugin's scheduler will measure
-  (:func:`vllm_ppspec.sched.adaptive_k.mark_config`).
+  (:func:`.adaptive_k.stand_in`).
 * ``EngineCore.post_step``: skipped with the sync scheduler. It would fetch
   the latest drafts with a blocking call that waits for the batch to leave
   the pipeline; the drafts come with the batch's output instead
@@ -60,12 +60,11 @@ import functools
 from typing import Any
 
 from vllm_ppspec import patches, policy
-from vllm_ppspec.patches.config import selection, stop_grace
+from vllm_ppspec.patches.config import adaptive_k, selection, stop_grace
 from vllm_ppspec.patches.config.async_hold import hold_async, restore_async
 from vllm_ppspec.patches.config.refusals import pp_spec_unsupported
 from vllm_ppspec.patches.config.selection import select_worker
 from vllm_ppspec.policy import Mode
-from vllm_ppspec.sched import adaptive_k
 from vllm_ppspec.worker_choice import acts, plugin_named, v2_refusal, v2_required
 
 PP_ASYNC_REFUSAL = "pipeline parallelism with async scheduling"
@@ -156,7 +155,8 @@ def _wrap_post_init(original: Any) -> Any:
         stop_grace.note_config(self, plugin_worker_selected(self))
         dp_sync_unset = self.parallel_config.disable_nccl_for_dp_synchronization is None
         held = hold_async(self, pp_mode_on(self))
-        adaptive_k.mark_config(self, pp_mode_on(self))
+        if adaptive_k.stand_in(self, pp_mode_on(self)):
+            setattr(self.speculative_config, adaptive_k.STAND_IN_FLAG, True)
         original(self)
         if held:
             restore_async(self, dp_sync_unset)
