@@ -280,3 +280,20 @@ def test_the_plot_writer_draws_one_line_per_configuration(tmp_path):
     path = tmp_path / "p.png"
     assert rep.plot(data, path) == list(CANNED)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_run_is_labelled_by_how_much_of_the_measurement_it_is():
+    every = list(bs.CONFIGS.values())
+    some = [bs.CONFIGS["pp1 no spec compiled"], bs.CONFIGS["pp2 ngram adaptive K compiled"]]
+
+    def label(argv, configs):
+        args = bs.parse(argv)
+        args.num_prompts = args.num_prompts or 18
+        return bs.label(args, configs, 18)
+
+    assert label([], every) == "full"
+    assert label(["--repeats", "2"], every) == "partial"
+    assert label([], some) == "partial"
+    assert label(["--repeats", "1"], some) == "smoke"
+    assert label(["--loads", "1,8"], every) == "smoke"
+    assert label(["--num-prompts", "8"], every) == "smoke"

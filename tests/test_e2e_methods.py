@@ -18,9 +18,10 @@ plugin selects its worker itself).
   between the rounds of one request as requests finish (sync: the batches the
   pipeline is filled with; async: each lane's batch). Acceptance lies between
   the planted rule's at K=1 and at K=3, and the draft count shows both K.
+- K = 0 for batches of two or more requests (a schedule of the user's).
 - Adaptive K (``VLLM_PPSPEC_ADAPTIVE_K=1``, no schedule given): the plugin's
-  scheduler runs drawn K (0 included) over a window of batches, then logs the
-  schedule it chose and runs it; tokens equal PP=1 without spec throughout.
+  scheduler measures a window of batches, then logs the schedule it chose and
+  runs it; tokens equal PP=1 without spec throughout.
 
 Each case is PP=2 or PP=3 (the 2 | 1 | 1 split), sync and async scheduling;
 ngram with async scheduling is refused by vLLM 0.32.
@@ -178,14 +179,28 @@ def test_dynamic_k_with_each_method_matches_pp1(models, pp1_greedy, method, pp, 
         assert got["accepted"] == got["drafts"], got  # a copy of the target
 
 
+def test_dynamic_k_of_zero_for_larger_batches_matches_pp1(models, pp1_greedy):
+    """K = 0 (no drafts) for batches of two or more requests, 3 for one: the
+    batches without drafts run through the plugin's pipeline unchanged."""
+    schedule = [[1, 1, K], [2, 64, 0]]
+    target, spec = tiny_spec(
+        models, "draft_model", K, num_speculative_tokens_per_batch_size=schedule
+    )
+    res = _run(models[target], 2, spec, "sync")
+    assert res.outputs == pp1_greedy[target]
+    got = res.result["spec"]
+    _, every_round = planted_counts("draft_copy", GREEDY_REQUESTS, K)
+    assert 0 < got["drafts"] < every_round, got  # rounds of K = 3 and of K = 0 ran
+    assert got["accepted"] == got["drafts"], got  # a copy of the target
+
+
 # Adaptive K: windows of 12 decode batches, so that these short jobs choose a
 # schedule, and choose again, while their requests run.
 ADAPTIVE = {"VLLM_PPSPEC_ADAPTIVE_K": "1", "VLLM_PPSPEC_ADAPTIVE_K_BATCHES": "12"}
 
 
 @pytest.mark.parametrize("method,pp,mode", [("ngram", 2, "sync"), ("draft_model", 3, "async")])
-def test_adaptive_k_runs_drawn_then_chosen_k_and_matches_pp1(models, pp1_greedy, method, pp, mode):
-    import random
+def test_adaptive_k_chooses_a_schedule_and_matches_pp1(models, pp1_greedy, method, pp, mode):
     import re
 
     target, spec = tiny_spec(models, method, K)
@@ -196,15 +211,11 @@ def test_adaptive_k_runs_drawn_then_chosen_k_and_matches_pp1(models, pp1_greedy,
     assert chosen, res.log[-4000:]
     for schedule in chosen:  # vLLM's form: ranges from batch size 1, K in 0..3
         ranges = [
-            [int(x) for x in r.split(",")] for r in re.findall(r"\[(\d+, \d+, \d+)\]", schedule)
+            [int(x) for x in r.split(", ")] for r in re.findall(r"\[(\d+, \d+, \d+)\]", schedule)
         ]
         assert ranges[0][0] == 1 and all(0 <= k <= K for _, _, k in ranges), schedule
-    # The first window's drawn K (a fixed seed) include K = 0: batches whose
-    # requests got no drafts, with the tokens above unchanged.
-    draw = random.Random(0)
-    assert 0 in {draw.randint(0, K) for _ in range(12)}
     got = res.result["spec"]
-    assert 0 < got["drafts"] < K * got["steps"], got  # K varied
+    assert got["drafts"] > 0, got
     if method == "draft_model":
         assert got["accepted"] == got["drafts"], got  # a copy of the target
 

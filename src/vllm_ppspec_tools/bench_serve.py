@@ -39,9 +39,10 @@ same prompt at the same load (bench_serve_report.check_outputs); any
 difference or failed request makes the exit status 1.
 
 Writes ``bench-serve-<name>.json`` and, with matplotlib, ``.png`` to ``--out``
-(default results/); a run smaller than the full measurement (fewer prompts,
-repeats, configurations or loads) is labelled smoke and named
-``<name>-smoke``. vLLM's own result files and the servers' logs stay under
+(default results/); a run of some configurations, or of 2 repeats, at every
+load on every prompt is labelled partial (named ``<name>-partial``), a
+smaller one (fewer prompts or loads, one repeat) smoke (``<name>-smoke``).
+vLLM's own result files and the servers' logs stay under
 ``.cache/bench-serve/``.
 """
 
@@ -290,13 +291,19 @@ def drive(
     return runs
 
 
-def is_smoke(args: argparse.Namespace, configs: list[Config], prompts: int) -> bool:
-    return (
+def label(args: argparse.Namespace, configs: list[Config], prompts: int) -> str:
+    """``full``: the whole measurement. ``partial``: some configurations, or
+    fewer repeats (at least 2), of it, at every load on every prompt.
+    ``smoke``: anything smaller (fewer prompts or loads, one repeat)."""
+    if (
         args.num_prompts < prompts
-        or args.repeats < DEFAULT_REPEATS
-        or len(configs) < len(CONFIGS)
+        or args.repeats < 2
         or [int(x) for x in DEFAULT_LOADS.split(",")] != sorted(args.loads_list)
-    )
+    ):
+        return "smoke"
+    if args.repeats < DEFAULT_REPEATS or len(configs) < len(CONFIGS):
+        return "partial"
+    return "full"
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -309,7 +316,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--ignore-eos", action="store_true", help="every request: --output-len tokens")
     p.add_argument("-k", type=int, default=K, help="ngram's num_speculative_tokens")
     p.add_argument("--prompts", default=str(PROMPTS_FILE), help="jsonl, one {'prompt'} per line")
-    p.add_argument("--name", help="output stem: bench-serve-<name> (smollm2[-smoke])")
+    p.add_argument("--name", help="output stem: bench-serve-<name> (smollm2[-partial|-smoke])")
     p.add_argument("--out", default=str(paths.results_dir()))
     p.add_argument("--models-dir", default=str(paths.cache_dir("models")))
     p.add_argument("--ready-timeout", type=float, default=900)
@@ -330,8 +337,8 @@ def main(argv: list[str] | None = None) -> int:
     prompts = load_prompts(Path(args.prompts))
     if args.num_prompts is None:
         args.num_prompts = len(prompts)
-    smoke = is_smoke(args, configs, len(prompts))
-    args.name = args.name or SERVED_NAME + ("-smoke" if smoke else "")
+    run_label = label(args, configs, len(prompts))
+    args.name = args.name or SERVED_NAME + ("" if run_label == "full" else f"-{run_label}")
     model = real_model.build(args.models_dir)
     work = paths.cache_dir("bench-serve", args.name)
     datasets = {
@@ -346,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
                 runs[cfg.name].setdefault(load, []).append(rec)
     data = {
         "tool": "vllm-ppspec-bench-serve",
-        "label": "smoke" if smoke else "full",
+        "label": run_label,
         "command": ["vllm-ppspec-bench-serve", *(sys.argv[1:] if argv is None else argv)],
         "model": "SmolLM2-135M-Instruct (fixtures.real_model, float32)",
         "prompts": {"file": Path(args.prompts).name, "count": len(prompts)},

@@ -187,6 +187,8 @@ def plot(data: dict[str, Any], path: Path) -> list[str] | None:
     title = f"SmolLM2-135M, vllm serve on CPU ({data.get('cpus')} cores), ngram k={k}"
     if data.get("label") == "smoke":
         title += " [SMOKE RUN]"
+    elif data.get("label") == "partial":
+        title += f" [{len(data['configs'])} configurations, {data['repeats']} repeats]"
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()

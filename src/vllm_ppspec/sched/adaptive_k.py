@@ -16,11 +16,11 @@ while they serve, then set vLLM's own schedule, ``Scheduler.dynamic_sd_lookup``
 * **Choosing.** Once :data:`BATCHES_ENV` (default 200) decode batches are in,
   and again each time a quarter of that window is new,
   :mod:`vllm_ppspec.sched.k_model` fits the batch cost over the window and
-  picks, for every batch size, the K with the most tokens per second. A
-  changed schedule is logged. Until the first choice each batch's K is drawn
-  from ``0..k``; after it, one batch in ten runs K - 1 or K + 1 of the
-  schedule, so the cost of a draft pass stays measured. The draws use a
-  fixed seed.
+  picks, for every batch size, the K with the most tokens per second. The
+  schedule is logged where K changed for a batch size the window ran. Until
+  the first choice the schedule is the static K; before and after it, one
+  batch in ten runs the schedule's K - 1 or K + 1, so the cost of a draft
+  pass stays measured. The draws use a fixed seed.
 
 Tokens never change: vLLM verifies drafts, so K only changes how many are
 tried (greedy output equals PP=1 without spec at every K, ``K = 0``
@@ -96,15 +96,15 @@ class AdaptiveK:
         self.in_flight: dict[int, tuple[float, dict[str, tuple[int, int]]]] = {}
         self.last_output = 0.0
         self.schedule: list[list[int]] | None = None
-        self.lookups: tuple[list[int], list[int], list[int]] | None = None  # chosen, -1, +1
+        static = [k] * (max_batch + 1)
+        # vLLM's lookup: the schedule's K, its K - 1 and its K + 1 (exploring).
+        self.lookups = (static, [k - 1] * (max_batch + 1), static)
 
     def before_schedule(self, sched: Any) -> None:
-        """Set vLLM's lookup for the next batch: a drawn K until the first
-        schedule; then the schedule, and one batch in :data:`EXPLORE` its
-        K - 1 or K + 1, so the cost of a draft pass stays measured."""
-        if self.lookups is None:
-            sched.dynamic_sd_lookup = [self.draw.randint(0, self.k)] * (self.max_batch + 1)
-        elif self.draw.random() < EXPLORE:
+        """Set vLLM's lookup for the next batch: the schedule (the static K
+        until the first choice), and for one batch in ten (:data:`EXPLORE`)
+        its K - 1 or K + 1, so the cost of a draft pass stays measured."""
+        if self.draw.random() < EXPLORE:
             sched.dynamic_sd_lookup = self.lookups[self.draw.choice((1, 2))]
         else:
             sched.dynamic_sd_lookup = self.lookups[0]
@@ -173,28 +173,31 @@ class AdaptiveK:
         per_size = [
             k_model.best_k(cost, self.acceptance, size) for size in range(1, self.max_batch + 1)
         ]
-        chosen = list(
-            build_dynamic_sd_schedule_lookup(
-                k_model.schedule_ranges(per_size), self.max_batch, self.k
-            )
-        )
+        schedule = k_model.schedule_ranges(per_size)
+        chosen = list(build_dynamic_sd_schedule_lookup(schedule, self.max_batch, self.k))
+        before = self.lookups[0] if self.schedule is not None else None
         self.lookups = (
             chosen,
             [max(0, k - 1) for k in chosen],
             [min(self.k, k + 1) for k in chosen],
         )
-        schedule = k_model.schedule_ranges(per_size)
-        if schedule == self.schedule:
-            return
         self.schedule = schedule
+        # Logged where K changed for a batch size this window ran; a change
+        # at sizes not seen lately (the fit's extrapolation) only at debug.
+        seen = {size for size, *_ in self.samples}
+        if before is not None and all(before[b] == chosen[b] for b in seen):
+            logger.debug("vllm-ppspec: adaptive K: %s", schedule)
+            return
         rates = ", ".join(
             f"{self.acceptance.rate(self.acceptance.accepted, i):.2f}" for i in range(self.k)
         )
         logger.info(
             "vllm-ppspec: adaptive K: num_speculative_tokens_per_batch_size=%s "
-            "(from the latest %d batches: %.2f ms a batch + %.3f ms a token + %.2f ms a draft "
+            "(batch sizes run lately: %s; from the latest %d batches: %.2f ms a batch + %.3f ms "
+            "a token + %.2f ms a draft "
             "pass + %.3f ms a request; acceptance by position %s)",
             self.schedule,
+            f"{min(seen)}-{max(seen)}",
             len(self.samples),
             cost.base * 1e3,
             cost.per_token * 1e3,
