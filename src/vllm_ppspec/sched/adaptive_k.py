@@ -16,7 +16,8 @@ while they serve, then set vLLM's own schedule, ``Scheduler.dynamic_sd_lookup``
 * **Choosing.** Once :data:`BATCHES_ENV` (default 200) decode batches are in,
   and again each time a quarter of that window is new,
   :mod:`vllm_ppspec.sched.k_model` fits the batch cost over the window and
-  picks, for every batch size, the K with the most tokens per second. The
+  moves, for every batch size, the K that runs one step toward the K with the
+  most tokens per second, where the fit says the step gains over 2%. The
   schedule is logged where K changed for a batch size the window ran. Until
   the first choice the schedule is the static K; before and after it, one
   batch in ten runs the schedule's K - 1 or K + 1, so the cost of a draft
@@ -170,8 +171,10 @@ class AdaptiveK:
         from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
 
         cost = k_model.fit_cost(list(self.samples))
+        running = self.lookups[0]
         per_size = [
-            k_model.best_k(cost, self.acceptance, size) for size in range(1, self.max_batch + 1)
+            k_model.step_toward(cost, self.acceptance, size, running[size])
+            for size in range(1, self.max_batch + 1)
         ]
         schedule = k_model.schedule_ranges(per_size)
         chosen = list(build_dynamic_sd_schedule_lookup(schedule, self.max_batch, self.k))

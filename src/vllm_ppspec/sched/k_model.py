@@ -13,7 +13,8 @@ the scheduler saw and turns the result into vLLM's schedule.
   (``K``: the drafter's passes after the batch), by least squares with no
   negative term.
 * :func:`best_k` picks, for each batch size ``B``, the ``K`` that maximises
-  tokens per second, ``B * (1 + accepted(K)) / cost(B, K)``.
+  tokens per second, ``B * (1 + accepted(K)) / cost(B, K)``;
+  :func:`step_toward` moves a running K one step toward it.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 ROBUST_PASSES = 30
+MARGIN = 0.02  # a step of K must gain more than this share of tokens per second
 
 
 @dataclass
@@ -116,17 +118,32 @@ def _nonnegative_fit(
         names.remove(min(negative, key=lambda n: coef[n]))
 
 
-def best_k(cost: Cost, acceptance: Acceptance, batch_size: int) -> int:
-    """The K in ``0..k`` with the most tokens per second at ``batch_size``;
-    on a tie the smaller K (less work for the same tokens)."""
-    best, best_rate = 0, -1.0
+def rates(cost: Cost, acceptance: Acceptance, batch_size: int) -> list[float]:
+    """Tokens per second at ``batch_size`` for each K in ``0..k``."""
+    out = []
     for k in range(acceptance.k + 1):
         tokens = batch_size * (1 + acceptance.drafted_per_round(k))
         seconds = cost.of(batch_size, tokens, k)
-        rate = batch_size * (1 + acceptance.accepted_per_round(k)) / max(seconds, 1e-12)
-        if rate > best_rate * (1 + 1e-9):
-            best, best_rate = k, rate
-    return best
+        out.append(batch_size * (1 + acceptance.accepted_per_round(k)) / max(seconds, 1e-12))
+    return out
+
+
+def best_k(cost: Cost, acceptance: Acceptance, batch_size: int) -> int:
+    """The K in ``0..k`` with the most tokens per second at ``batch_size``;
+    on a tie the smaller K (less work for the same tokens)."""
+    by_k = rates(cost, acceptance, batch_size)
+    return by_k.index(max(by_k))
+
+
+def step_toward(cost: Cost, acceptance: Acceptance, batch_size: int, current: int) -> int:
+    """``current`` moved one step toward :func:`best_k`, if the fit says that
+    step gains more than :data:`MARGIN`. One step at a time: the fit is
+    measured around the K that runs (and one off it), so it is trusted there
+    and not far away; a noisy fit moves K by one for one window, not to 0."""
+    by_k = rates(cost, acceptance, batch_size)
+    best = by_k.index(max(by_k))
+    step = current + (best > current) - (best < current)
+    return step if by_k[step] > by_k[current] * (1 + MARGIN) else current
 
 
 def schedule_ranges(per_batch_size: list[int]) -> list[list[int]]:
