@@ -178,6 +178,20 @@ def test_cpu_platform_keeps_explicit_async_scheduling_for_the_plugin_worker(targ
     assert default.scheduler_config.async_scheduling is False
 
 
+def test_sync_scheduling_is_the_default_on_cpu(target, models, monkeypatch):
+    """PP + a model drafter on the CPU backend, as a user starts it (no
+    --async-scheduling, the plugin's worker chosen automatically): sync
+    scheduling and the filled pipeline. vLLM's CPU platform turns async off;
+    the plugin keeps it only when asked (``_wrap_cpu_check``). Lanes measured
+    no faster than the filled pipeline there (design.md, "Batches in flight
+    under async scheduling, measured")."""
+    monkeypatch.delenv("VLLM_PPSPEC_AUTO")
+    cfg = _config(target, pipeline_parallel_size=2, speculative_config=_draft_copy(models))
+    assert cfg.parallel_config.worker_cls == WORKER_QUALNAME
+    assert cfg.scheduler_config.async_scheduling is False
+    assert cfg.scheduler_config.scheduler_cls == "vllm_ppspec.sched.filled.PPSpecScheduler"
+
+
 @pytest.mark.parametrize("pp", [1, 2])
 def test_the_kept_async_survives_the_draft_models_copy_of_the_config(target, models, pp):
     """vLLM's draft-model proposer builds its config as ``replace(target config,
