@@ -94,6 +94,10 @@ UNPATCHED_NAMES: tuple[tuple[str, str], ...] = (
     ("vllm.v1.core.sched.scheduler", "Scheduler.update_from_output"),
     ("vllm.v1.core.sched.scheduler", "Scheduler.update_draft_token_ids"),
     ("vllm.v1.core.sched.scheduler", "Scheduler.schedule"),
+    # Adaptive K (sched/adaptive_k.py): vLLM's schedule -> lookup expansion; the
+    # lookup it writes, Scheduler.dynamic_sd_lookup, is an instance attribute
+    # set in Scheduler.__init__ (the drift check's hash of __init__ covers it).
+    ("vllm.v1.spec_decode.dynamic.utils", "build_dynamic_sd_schedule_lookup"),
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.take_draft_token_ids"),
     # Async lanes (sched/lanes.py): vLLM's async scheduler, subclassed, and
     # its post-schedule bookkeeping, extended for structured-output requests.
