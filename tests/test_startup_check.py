@@ -134,6 +134,7 @@ def test_the_fingerprint_holds_exactly_what_must_agree(monkeypatch):
         "max_num_seqs": "16",
         "target layer split ($VLLM_PP_LAYER_PARTITION)": "vLLM's even split",
         "$VLLM_PPSPEC_ONE_BATCH": "0",  # unset: its default
+        "$VLLM_PPSPEC_ADAPTIVE_K": "0",
     }
 
 
@@ -162,6 +163,8 @@ MUST_AGREE = {
     # One host set the split (or the plugin chose another): the layers would not line up.
     "target layer split ($VLLM_PP_LAYER_PARTITION)": {"env": {"VLLM_PP_LAYER_PARTITION": "3,1"}},
     "$VLLM_PPSPEC_ONE_BATCH": {"env": {"VLLM_PPSPEC_ONE_BATCH": "1"}},
+    # Adaptive K on one host only: CUDA graphs captured piecewise there alone.
+    "$VLLM_PPSPEC_ADAPTIVE_K": {"env": {"VLLM_PPSPEC_ADAPTIVE_K": "1"}},
 }
 HOST_LOCAL = {
     "VLLM_PPSPEC_STARTUP_TIMEOUT": "5",
@@ -173,6 +176,7 @@ HOST_LOCAL = {
     "VLLM_PPSPEC_FAULT_SKIP_ACCEPTED_COUNTS": "1",
     "VLLM_PPSPEC_HOME": "/srv/ppspec",
     "VLLM_PPSPEC_CACHE": "/srv/ppspec-cache",
+    "VLLM_PPSPEC_ADAPTIVE_K_BATCHES": "50",
 }
 AGREEING = {
     **{f"${name}": {"env": {name: value}} for name, value in HOST_LOCAL.items()},

@@ -56,6 +56,9 @@ PROTOCOL_FIELD = "protocol"
 AGREED_SWITCHES: dict[str, str] = {
     # Sync: batches in flight (max_concurrent_batches, which workers size buffers by).
     "VLLM_PPSPEC_ONE_BATCH": "0",
+    # Adaptive K: where it is on, the config holds a stand-in schedule and vLLM
+    # captures CUDA graphs piecewise (patches/config/adaptive_k.py): every host alike.
+    "VLLM_PPSPEC_ADAPTIVE_K": "0",
 }
 # VLLM_PPSPEC_* variables that may differ between hosts: name -> why.
 HOST_LOCAL_SWITCHES: dict[str, str] = {
@@ -68,6 +71,7 @@ HOST_LOCAL_SWITCHES: dict[str, str] = {
     "VLLM_PPSPEC_FAULT_SKIP_ACCEPTED_COUNTS": "tests: a fault injected on this host's ranks",
     "VLLM_PPSPEC_HOME": "tools: this host's cache and results directory",
     "VLLM_PPSPEC_CACHE": "tools: this host's cache directory",
+    "VLLM_PPSPEC_ADAPTIVE_K_BATCHES": "read by the engine core's scheduler alone",
 }
 
 
