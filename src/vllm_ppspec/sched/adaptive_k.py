@@ -134,7 +134,6 @@ class AdaptiveK:
         self.new_samples = 0
         self.proposed_k = {r: k for r, k in self.proposed_k.items() if r in sched.requests}
         self.choose()
-        assert self.lookups is not None
         sched.dynamic_sd_lookup = self.lookups[0]
 
     def record(self, out: Any, runner_output: Any) -> bool:
