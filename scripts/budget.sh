@@ -6,8 +6,9 @@
 #   budget_run PART CMD...       run CMD, add "PART seconds exit-code" to the record
 #   budget_left                  seconds left of BUDGET_LIMIT (pytest's --e2e-budget:
 #                                an e2e run fails once the whole run is past the limit)
-#   budget_report                print the table, and a warning when the whole run is
-#                                over BUDGET_TOTAL; non-zero only past BUDGET_LIMIT
+#   budget_report                print the table (each part's seconds, budget, passed
+#                                or FAILED), and a warning when the whole run is over
+#                                BUDGET_TOTAL; non-zero only past BUDGET_LIMIT
 #
 # The record is the file $PPSPEC_BUDGET_FILE; its first line is "start EPOCH".
 # A part run twice counts twice. The parts' budgets add up to BUDGET_TOTAL,
@@ -60,21 +61,33 @@ budget_left() {
   echo $((BUDGET_LIMIT - $(budget_elapsed)))
 }
 
+# The failed tests scripts/test.sh gathered, if any.
+print_failed_tests() {
+  local file=.cache/failed-tests.txt
+  if [ -s "$file" ]; then
+    echo "== FAILED TESTS ($(wc -l < "$file"), every pytest run of scripts/test.sh)"
+    cat "$file"
+  fi
+}
+
 budget_report() {
-  local whole part seconds budget sum=0 mark
+  local whole part seconds budget sum=0 mark result
   whole=$(budget_elapsed)
   echo "== BUDGET (docs/testing.md, \"The budget\")"
-  printf '%-12s %8s %8s\n' part seconds budget
+  printf '%-12s %8s %8s  %s\n' part seconds budget result
   for part in "${BUDGET_PARTS[@]}"; do
     seconds=$(awk -v p="$part" '$1 == p { s += $2; n++ } END { print n ? s : "-" }' \
       "$PPSPEC_BUDGET_FILE")
+    # A part run twice failed if either run failed: the first non-zero code.
+    result=$(awk -v p="$part" '$1 == p { n++; if ($3 != 0 && !c) c = $3 }
+      END { print !n ? "-" : c ? "FAILED(exit " c ")" : "passed" }' "$PPSPEC_BUDGET_FILE")
     budget=${BUDGET_SECONDS[$part]}
     mark=""
     if [ "$seconds" != "-" ]; then
       sum=$((sum + seconds))
       [ "$seconds" -gt "$budget" ] && mark="  over its budget"
     fi
-    printf '%-12s %8s %8s%s\n' "$part" "$seconds" "$budget" "$mark"
+    printf '%-12s %8s %8s  %s%s\n' "$part" "$seconds" "$budget" "$result" "$mark"
   done
   printf '%-12s %8s\n' "(parts)" "$sum"
   if [ "$whole" -gt "$BUDGET_LIMIT" ]; then

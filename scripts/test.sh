@@ -22,10 +22,20 @@ if [ "$set_up" != 1 ]; then
 fi
 
 # A selection of the caller's (-k, a path) may leave one of the runs empty:
-# pytest's exit code 5 (no tests collected) then counts as passed.
+# pytest's exit code 5 (no tests collected) then counts as passed. Each run's
+# failures (pytest's "FAILED ..." and "ERROR ..." summary lines) are gathered
+# in .cache/failed-tests.txt and printed again at the very end of the run
+# (here, or by .ci/run after the work it ran beside the unit tests), so the
+# last lines of a long log name what failed.
+FAILED_TESTS=.cache/failed-tests.txt
+mkdir -p .cache
+: > "$FAILED_TESTS"
 pytest_run() {
-  local status=0
-  "$@" || status=$?
+  local status=0 log
+  log=$(mktemp "${TMPDIR:-/tmp}/ppspec-pytest.XXXXXX")
+  "$@" 2>&1 | tee "$log" || status=$?
+  grep -E '^(FAILED|ERROR) ' "$log" >> "$FAILED_TESTS" || true
+  rm -f "$log"
   [ "$status" -eq 5 ] && [ "$USER_ARGS" -gt 0 ] && status=0
   return "$status"
 }
@@ -60,6 +70,7 @@ mapfile -t cases < <(grep -v '^#' tests/on_vllm_0.34.txt)
 budget_run vllm-0.34 pytest_run .venv-0.34/bin/python "${PYTEST[@]}" --expect-vllm=0.34.0 \
   -m "not e2e" "$@" "${cases[@]}" || status=$?
 if [ "$BUDGET_OWNER" = 1 ]; then
+  print_failed_tests
   budget_report || status=$?
 fi
 exit "$status"

@@ -49,7 +49,7 @@ case "$call" in
 esac
 echo "$call" >> "$CALLS"
 case "$call" in
-  "{fail}"*) exit 7 ;;
+  "{fail}"*) echo "FAILED $call - stand-in failure"; echo "after it"; exit 7 ;;
 esac
 exit 0
 """
@@ -174,3 +174,19 @@ def test_the_e2e_tests_start_after_the_work_beside_the_unit_tests_ends(tmp_path)
     # The 0.34 list's one file runs in one process (xdist's workers cost more).
     unit = [c for c in calls if "pytest" in c and "not e2e" in c and "0.34.0" not in c]
     assert unit and all("-n 2" in c for c in unit), unit
+
+
+@pytest.mark.parametrize("script", [".ci/run", "scripts/test.sh"])
+def test_the_run_ends_by_naming_the_failed_tests_and_failed_parts(tmp_path, script):
+    # A CI log is read from its end: the failed tests are listed again after
+    # everything else the run printed, and the budget table says which part failed.
+    fail = ".venv/bin/python -m pytest -v -rA --durations=0 -m e2e"
+    out, _ = _run(tmp_path, script, fail)
+    assert out.returncode != 0, out.stdout + out.stderr
+    tail = out.stdout.split("== FAILED TESTS")[-1]
+    assert "== FAILED TESTS (1," in out.stdout
+    assert tail.splitlines()[1].startswith("FAILED " + fail), tail
+    assert "after it" not in tail
+    rows = {r.split()[0]: r.split()[3:] for r in tail.split("== BUDGET")[-1].splitlines()[2:10]}
+    assert rows["e2e"][:2] == ["FAILED(exit", "7)"], rows
+    assert rows["unit"][:1] == ["passed"], rows

@@ -38,13 +38,15 @@ def test_the_parts_budgets_add_up_to_the_whole_runs():
 
 def test_the_table_adds_up_each_part_and_marks_a_part_over_its_budget(tmp_path):
     record = tmp_path / "record"
-    record.write_text(f"start {int(time.time()) - 100}\nsetup 200 0\nsetup 150 0\nunit 90 1\n")
+    record.write_text(
+        f"start {int(time.time()) - 100}\nsetup 200 0\nsetup 150 0\nunit 40 1\nunit 50 0\n"
+    )
     out = _bash("budget_report", str(record))
     assert out.returncode == 0, out.stdout + out.stderr
     rows = {line.split()[0]: line.split()[1:] for line in out.stdout.splitlines()[2:]}
-    assert rows["setup"] == ["350", "330", "over", "its", "budget"]
-    assert rows["unit"] == ["90", "210"]
-    assert rows["e2e"] == ["-", "1290"]
+    assert rows["setup"] == ["350", "330", "passed", "over", "its", "budget"]
+    assert rows["unit"] == ["90", "210", "FAILED(exit", "1)"]
+    assert rows["e2e"] == ["-", "1290", "-"]
     assert rows["(parts)"] == ["440"]
     run, seconds, budget = rows["whole"]
     assert run == "run" and 100 <= int(seconds) <= 110 and budget == "2400"
