@@ -179,14 +179,16 @@ def test_dynamic_k_with_each_method_matches_pp1(models, pp1_greedy, method, pp, 
         assert got["accepted"] == got["drafts"], got  # a copy of the target
 
 
-def test_dynamic_k_of_zero_for_larger_batches_matches_pp1(models, pp1_greedy):
+@pytest.mark.parametrize("pp,mode", [(2, "sync"), (3, "async")])
+def test_dynamic_k_of_zero_for_larger_batches_matches_pp1(models, pp1_greedy, pp, mode):
     """K = 0 (no drafts) for batches of two or more requests, 3 for one: the
-    batches without drafts run through the plugin's pipeline unchanged."""
+    batches without drafts run through the plugin's pipeline unchanged (the
+    filled pipeline, and the lanes, where adaptive K may also step to 0)."""
     schedule = [[1, 1, K], [2, 64, 0]]
     target, spec = tiny_spec(
         models, "draft_model", K, num_speculative_tokens_per_batch_size=schedule
     )
-    res = _run(models[target], 2, spec, "sync")
+    res = _run(models[target], pp, spec, mode)
     assert res.outputs == pp1_greedy[target]
     got = res.result["spec"]
     _, every_round = planted_counts("draft_copy", GREEDY_REQUESTS, K)
