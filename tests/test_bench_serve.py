@@ -126,6 +126,27 @@ def test_selection_adds_the_reference_and_refuses_unknown_names(capsys):
         bs.selected("pp3 ngram eager")
 
 
+def test_an_ngram_configuration_named_with_its_k_runs_that_k():
+    # K beside K in one run (a larger K with adaptive K against K = 3).
+    picked = bs.selected("pp2 ngram compiled, pp2 ngram k6 adaptive K compiled, pp1 no spec compiled")
+    assert [c.name for c in picked] == [
+        "pp2 ngram compiled",
+        "pp2 ngram k6 adaptive K compiled",
+        "pp1 no spec compiled",
+    ]
+    k3, k6, _ = picked
+    for cfg, k in ((k3, 3), (k6, 6)):
+        spec = json.loads(_opt(bs.serve_args(cfg, "/m", k=3), "--speculative-config") or "")
+        assert spec["num_speculative_tokens"] == k
+    assert (k6.pp, k6.spec, k6.eager, k6.adaptive) == (2, True, False, True)
+    assert k6.describe()["k"] == 6 and "k" not in k3.describe()
+    assert bs.serve_env(k6)["VLLM_PPSPEC_ADAPTIVE_K"] == "1"
+    assert "--enforce-eager" in bs.serve_args(bs.selected("pp1 ngram k5 eager")[1], "/m")
+    for bad in ("pp2 no spec k6 compiled", "pp2 ngram k0 compiled", "pp2 k6 ngram compiled"):
+        with pytest.raises(SystemExit, match="unknown configuration"):
+            bs.selected(bad)
+
+
 def test_the_shipped_prompts_start_with_the_demos_and_ship_in_the_wheel(tmp_path):
     prompts = bs.load_prompts(bs.PROMPTS_FILE)
     assert len(prompts) == 18 and prompts[:6] == PROMPTS
@@ -294,6 +315,7 @@ def test_a_run_is_labelled_by_how_much_of_the_measurement_it_is():
     assert label([], every) == "full"
     assert label(["--repeats", "2"], every) == "partial"
     assert label([], some) == "partial"
+    assert label([], every + bs.selected("pp2 ngram k6 compiled")[1:]) == "partial"
     assert label(["--repeats", "1"], some) == "smoke"
     assert label(["--loads", "1,8"], every) == "smoke"
     assert label(["--num-prompts", "8"], every) == "smoke"

@@ -22,7 +22,10 @@ reader needs only ``json`` and sends each prompt as it is.
 Configurations (:data:`CONFIGS`, ``--configs`` picks some by name): PP=1 and
 PP=2, no spec and ngram (k=3, prompt lookup 2-5 tokens, as the demo), each
 eager (``--enforce-eager``) and compiled (vLLM's default); and PP=2 + ngram
-with the plugin's adaptive K (``VLLM_PPSPEC_ADAPTIVE_K=1``, k=3 the most). PP=2 runs one core
+with the plugin's adaptive K (``VLLM_PPSPEC_ADAPTIVE_K=1``, k=3 the most). An
+ngram configuration named with its own K after ``ngram`` (``pp2 ngram k6
+adaptive K compiled``; :func:`variant`) runs that K, beside the others in one
+run (a run with one is labelled partial). PP=2 runs one core
 per stage (``VLLM_CPU_OMP_THREADS_BIND=0|1``), PP=1 both cores. PP=2 without
 spec runs vLLM's own worker compiled; eager, vLLM's own PP=2 fails on CPU
 (``assert self.intermediate_tensors is not None``), so it runs the plugin's
@@ -78,15 +81,43 @@ class Config:
     spec: bool
     eager: bool
     adaptive: bool = False
+    k: int | None = None  # ngram's K; None: the run's ``-k``
 
     def describe(self) -> dict[str, Any]:
-        return {"pp": self.pp, "spec": self.spec, "eager": self.eager, "adaptive": self.adaptive}
+        return {
+            "pp": self.pp,
+            "spec": self.spec,
+            "eager": self.eager,
+            "adaptive": self.adaptive,
+            **({"k": self.k} if self.k is not None else {}),
+        }
 
 
 def _config(name: str) -> Config:
     pp, *middle, mode = name.split()
-    spec = " ".join(middle)
-    return Config(name, int(pp[2:]), spec != "no spec", mode == "eager", "adaptive" in spec)
+    k = [int(w[1:]) for w in middle if w[0] == "k" and w[1:].isdigit()]
+    spec = " ".join(w for w in middle if not (w[0] == "k" and w[1:].isdigit()))
+    return Config(
+        name,
+        int(pp[2:]),
+        spec != "no spec",
+        mode == "eager",
+        "adaptive" in spec,
+        k[0] if k else None,
+    )
+
+
+def variant(name: str) -> Config | None:
+    """A configuration of :data:`CONFIGS` with ngram's K in its name (``pp2
+    ngram k6 compiled``, ``pp2 ngram k6 adaptive K compiled``): the same
+    server with that K. Not part of the full measurement."""
+    words = name.split()
+    ks = [w for w in words if w[0] == "k" and w[1:].isdigit() and int(w[1:]) >= 1]
+    if len(ks) != 1 or words.index(ks[0]) != 2 or words[1] != "ngram":
+        return None
+    if " ".join(w for w in words if w != ks[0]) not in CONFIGS:
+        return None
+    return _config(name)
 
 
 CONFIGS: dict[str, Config] = {
@@ -111,7 +142,9 @@ def spec_config(k: int = K) -> dict[str, Any]:
 
 
 def serve_args(cfg: Config, model: str, k: int = K) -> list[str]:
-    """``vllm serve`` arguments of ``cfg`` (the host and port come from fixtures.server)."""
+    """``vllm serve`` arguments of ``cfg`` (the host and port come from
+    fixtures.server); ngram's K is the configuration's own, else ``k``."""
+    k = cfg.k if cfg.k is not None else k
     args = [model, "--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN)]
     args += ["--served-model-name", SERVED_NAME]
     if cfg.eager:
@@ -225,14 +258,18 @@ def selected(names: str | None) -> list[Config]:
     no-spec reference added if none is named (the outputs are checked against it)."""
     if not names:
         return list(CONFIGS.values())
-    picked = [n.strip() for n in names.split(",") if n.strip()]
-    unknown = [n for n in picked if n not in CONFIGS]
+    picked = [" ".join(n.split()) for n in names.split(",") if n.strip()]
+    known = {n: CONFIGS.get(n) or variant(n) for n in picked}
+    unknown = [n for n, c in known.items() if c is None]
     if unknown:
-        raise SystemExit(f"unknown configuration(s) {unknown}; choose from {list(CONFIGS)}")
-    if not any(CONFIGS[n].pp == 1 and not CONFIGS[n].spec for n in picked):
+        raise SystemExit(
+            f"unknown configuration(s) {unknown}; choose from {list(CONFIGS)} "
+            "(or an ngram one with its K after 'ngram': 'pp2 ngram k6 compiled')"
+        )
+    if not any(c.pp == 1 and not c.spec for c in known.values() if c is not None):
         print("adding 'pp1 no spec eager': the reference the outputs are checked against")
-        picked.insert(0, "pp1 no spec eager")
-    return [CONFIGS[n] for n in dict.fromkeys(picked)]
+        known = {"pp1 no spec eager": CONFIGS["pp1 no spec eager"], **known}
+    return [c for c in known.values() if c is not None]
 
 
 def _slug(name: str) -> str:
@@ -301,7 +338,11 @@ def label(args: argparse.Namespace, configs: list[Config], prompts: int) -> str:
         or [int(x) for x in DEFAULT_LOADS.split(",")] != sorted(args.loads_list)
     ):
         return "smoke"
-    if args.repeats < DEFAULT_REPEATS or len(configs) < len(CONFIGS):
+    if (
+        args.repeats < DEFAULT_REPEATS
+        or len(configs) < len(CONFIGS)
+        or any(c.name not in CONFIGS for c in configs)
+    ):
         return "partial"
     return "full"
 
