@@ -128,7 +128,9 @@ def test_selection_adds_the_reference_and_refuses_unknown_names(capsys):
 
 def test_an_ngram_configuration_named_with_its_k_runs_that_k():
     # K beside K in one run (a larger K with adaptive K against K = 3).
-    picked = bs.selected("pp2 ngram compiled, pp2 ngram k6 adaptive K compiled, pp1 no spec compiled")
+    picked = bs.selected(
+        "pp2 ngram compiled, pp2 ngram k6 adaptive K compiled, pp1 no spec compiled"
+    )
     assert [c.name for c in picked] == [
         "pp2 ngram compiled",
         "pp2 ngram k6 adaptive K compiled",
