@@ -39,10 +39,15 @@ class Config:
         }
 
 
+def _is_k(word: str) -> bool:
+    """A configuration name's K word: ``k6``."""
+    return word[0] == "k" and word[1:].isdigit()
+
+
 def _config(name: str) -> Config:
     pp, *middle, mode = name.split()
-    k = [int(w[1:]) for w in middle if w[0] == "k" and w[1:].isdigit()]
-    spec = " ".join(w for w in middle if not (w[0] == "k" and w[1:].isdigit()))
+    k = [int(w[1:]) for w in middle if _is_k(w)]
+    spec = " ".join(w for w in middle if not _is_k(w))
     return Config(
         name,
         int(pp[2:]),
@@ -58,7 +63,7 @@ def variant(name: str) -> Config | None:
     ngram k6 compiled``, ``pp2 ngram k6 adaptive K compiled``): the same
     server with that K. Not part of the full measurement."""
     words = name.split()
-    ks = [w for w in words if w[0] == "k" and w[1:].isdigit() and int(w[1:]) >= 1]
+    ks = [w for w in words if _is_k(w) and int(w[1:]) >= 1]
     if len(ks) != 1 or words.index(ks[0]) != 2 or words[1] != "ngram":
         return None
     if " ".join(w for w in words if w != ks[0]) not in CONFIGS:
