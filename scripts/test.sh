@@ -23,7 +23,8 @@ fi
 
 # A selection of the caller's (-k, a path) may leave one of the runs empty:
 # pytest's exit code 5 (no tests collected) then counts as passed. Each run's
-# failures (pytest's "FAILED ..." and "ERROR ..." summary lines) are gathered
+# failures (pytest's "FAILED tests/..." and "ERROR tests/..." summary lines,
+# not a captured log record that starts with "ERROR") are gathered
 # in .cache/failed-tests.txt and printed again at the very end of the run
 # (here, or by .ci/run after the work it ran beside the unit tests), so the
 # last lines of a long log name what failed.
@@ -34,7 +35,7 @@ pytest_run() {
   local status=0 log
   log=$(mktemp "${TMPDIR:-/tmp}/ppspec-pytest.XXXXXX")
   "$@" 2>&1 | tee "$log" || status=$?
-  grep -E '^(FAILED|ERROR) ' "$log" >> "$FAILED_TESTS" || true
+  grep -E '^(FAILED|ERROR) [^ ]+\.py( |::|$)' "$log" >> "$FAILED_TESTS" || true
   rm -f "$log"
   [ "$status" -eq 5 ] && [ "$USER_ARGS" -gt 0 ] && status=0
   return "$status"

@@ -19,6 +19,7 @@ import socket
 import tempfile
 import time
 import traceback
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +57,7 @@ def _child(
     rank: int,
     world: int,
     port: int,
+    ident: str,
     vllm_groups: bool,
     out: str,
     env: dict[str, str],
@@ -66,7 +68,7 @@ def _child(
         os.environ.update(env)
         os.environ["MASTER_ADDR"] = "127.0.0.1"
         os.environ["MASTER_PORT"] = str(port)
-        os.environ["VLLM_DIST_IDENT"] = f"ppspec-test-{port}"
+        os.environ["VLLM_DIST_IDENT"] = ident
         if vllm_groups:
             from vllm.config import VllmConfig, set_current_vllm_config
             from vllm.distributed import (
@@ -105,13 +107,46 @@ def run_ranks(
     timeout: float = 120.0,
     vllm_groups: bool = False,
 ) -> list[RankResult]:
-    ctx = _CONTEXT
     port = _free_port()
+    ident = f"ppspec-test-{uuid.uuid4().hex}"
     env = dict(os.environ)
+    try:
+        return _run(fn, world, timeout, vllm_groups, port, ident, env)
+    finally:
+        remove_shm_segments(ident)
+
+
+def remove_shm_segments(ident: str, shm_dir: Path = Path("/dev/shm")) -> list[str]:
+    """Remove the CPU shared-memory segments vLLM named after ``ident``.
+
+    vLLM's CPU communicator names its segments ``{VLLM_DIST_IDENT}-{group}-cpushm_{rank}``
+    and a rank that ends with ``os._exit`` leaves them behind; the ident is new
+    for every call, so no later call meets a segment of an earlier one.
+    """
+    removed = []
+    for seg in shm_dir.glob(f"{ident}-*"):
+        seg.unlink(missing_ok=True)
+        removed.append(seg.name)
+    return removed
+
+
+def _run(
+    fn: Callable[[int, int], Any],
+    world: int,
+    timeout: float,
+    vllm_groups: bool,
+    port: int,
+    ident: str,
+    env: dict[str, str],
+) -> list[RankResult]:
+    ctx = _CONTEXT
     with tempfile.TemporaryDirectory() as d:
         outs = [Path(d) / f"rank{r}.pkl" for r in range(world)]
         procs = [
-            ctx.Process(target=_child, args=(fn, r, world, port, vllm_groups, str(outs[r]), env))
+            ctx.Process(
+                target=_child,
+                args=(fn, r, world, port, ident, vllm_groups, str(outs[r]), env),
+            )
             for r in range(world)
         ]
         for p in procs:
