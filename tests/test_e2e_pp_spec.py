@@ -11,6 +11,8 @@ the target accepts every draft, an independent random drafter rejects them.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tests.acceptance import check_acceptance
@@ -103,13 +105,15 @@ def pp1_spec_metrics(pp1_spec_run):
 
 @pytest.fixture(scope="module")
 def pp2_run(models):
-    """The PP=2 + spec engine job of each CASES entry, run once (cached)."""
+    """The PP=2 + spec engine job of each CASES entry, run once (cached), with
+    the CPU shared-memory names its engine left in /dev/shm (``.shm_left``)."""
     cache: dict[tuple[str, str], object] = {}
 
     def get(method: str, mode: str):
         if (method, mode) not in cache:
             target, spec = tiny_spec(models, method, K)
-            cache[method, mode] = run_job(
+            before = _engine_shm_names()
+            cache[method, mode] = res = run_job(
                 job(
                     models[target],
                     pp=2,
@@ -121,9 +125,18 @@ def pp2_run(models):
                     then=THEN.get(method, []),
                 )
             )
+            res.shm_left = sorted(_engine_shm_names() - before)  # type: ignore[attr-defined]
         return cache[method, mode]
 
     return get
+
+
+def _engine_shm_names() -> set[str]:
+    """vLLM's CPU SHM segment names in /dev/shm, but the rank harness's own
+    (tests/distributed.py, which the unit tests may create meanwhile)."""
+    return {
+        p.name for p in Path("/dev/shm").glob("*-cpushm_*") if not p.name.startswith("ppspec-test-")
+    }
 
 
 @pytest.mark.parametrize("method,mode", CASES)
@@ -136,6 +149,8 @@ def test_pp2_spec_matches_pp1_without_spec(
     res = pp2_run(method, mode)
     assert res.returncode == 0, res.log[-8000:]
     assert res.outputs == baseline[target]
+    # The stopped engine left no shared-memory name (patches/worker/cpu_shm_names.py).
+    assert res.shm_left == [], res.shm_left
     said = f"speculative method {spec['method']}, k={K}, {MODE_LOGGED[mode]} scheduling"
     assert res.log.count(said) == 2, f"expected both PP ranks to log {said!r}"
     check_acceptance(method, res.result["spec"])

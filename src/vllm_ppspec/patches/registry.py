@@ -104,6 +104,27 @@ REGISTRY: tuple[Patch, ...] = (
         install=None,  # applied by patches.config's VllmConfig.__post_init__ wrapper
     ),
     Patch(
+        module="vllm_ppspec.patches.worker.cpu_shm_names",
+        when="worker",
+        targets=(
+            "vllm.distributed.device_communicators.cpu_communicator:"
+            "_CPUSHMDistributed._init_cpu_shm",
+        ),
+        why=(
+            "vLLM's CPU SHM communicator removes its /dev/shm segment names only in a "
+            "destructor that a signalled or os._exit-ed worker never runs: every stopped "
+            "CPU engine leaves them, and a later group with the same name fails (errno 17)"
+        ),
+        how=(
+            "after vLLM's function returned (every rank has mapped every segment), each "
+            "rank removes its own segment's name; the mappings stay until the processes end"
+        ),
+        upstream="none found; vllm/distributed/device_communicators/cpu_communicator.py",
+        remove_when="vLLM's CPU communicator removes its segment names once mapped",
+        attributes=("_CPUSHMDistributed._init_cpu_shm._vllm_ppspec_unlinks_names",),
+        cpu_only=True,
+    ),
+    Patch(
         module="vllm_ppspec.patches.engine_core.remote_reads",
         when="engine core",
         targets=("vllm.distributed.device_communicators.shm_broadcast:MessageQueue.dequeue",),

@@ -22,7 +22,7 @@ class PPSpecCPUWorker(RankErrorsEndEngine, WorkerClocks, StopsInOrder, CPUWorker
         # Before anything reads the layer split (layer_split.py).
         layer_split.apply(self.vllm_config)
         # The registry's worker group, before vLLM's init_device builds the
-        # runner and the distributed groups: cpu_expand, cpu_eager, cpu_moe,
+        # runner and the distributed groups: cpu_expand, cpu_eager, cpu_moe, cpu_shm_names,
         # remote_reads on a headless node.
         install_group("worker", self, cpu=True)
         # CPUWorker.init_device constructs the runner by the module-level name
