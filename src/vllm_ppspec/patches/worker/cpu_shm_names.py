@@ -11,12 +11,12 @@ and group). A later group that gets the same name then fails with "create shm
 in SHMManager failed. errno: 17" (names follow ``VLLM_DIST_IDENT``: the port,
 or the init file's name).
 
-:func:`init_cpu_shm` calls vLLM's function unchanged and then removes this
-rank's own name. After the function's second barrier every rank has mapped
+The wrapper :func:`install` puts in its place calls vLLM's function unchanged
+and then removes this rank's own name. After the function's second barrier every rank has mapped
 every segment, and a mapping outlives the name: the collectives run as before,
 and the memory is freed when the last rank's process ends, however it ends.
 The destructor's later ``shm_unlink`` finds no name and changes nothing.
-:func:`install` wraps the method; the plugin's CPU worker calls it.
+The plugin's CPU worker calls :func:`install` before vLLM builds its groups.
 """
 
 from __future__ import annotations
