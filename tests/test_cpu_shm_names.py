@@ -75,3 +75,11 @@ def test_removing_a_name_twice_is_harmless(tmp_path):
     assert cpu_shm_names.remove_own_name("g", 1, tmp_path) is True
     assert cpu_shm_names.remove_own_name("g", 1, tmp_path) is False
     assert not list(tmp_path.iterdir())
+
+
+def test_a_name_with_leading_slashes_is_the_file_shm_open_made(tmp_path):
+    # Under the external launcher vLLM's ident is "//" (from "env://").
+    (tmp_path / "-pp:0-[0-1]-cpushm_0").write_bytes(b"")
+    assert cpu_shm_names.segment_name("//-pp:0-[0-1]-cpushm", 0) == "-pp:0-[0-1]-cpushm_0"
+    assert cpu_shm_names.remove_own_name("//-pp:0-[0-1]-cpushm", 0, tmp_path) is True
+    assert not list(tmp_path.iterdir())

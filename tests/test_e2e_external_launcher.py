@@ -34,15 +34,20 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+STALE_SHM = "/dev/shm/-pp:0-*-cpushm_*"
+
+
 def _clear_stale_shm() -> None:
     """vLLM's CPU worker names the PP group's shared-memory segments after the
     init method, "env://" under the external launcher: one fixed name for every
-    deployment, which outlives the engine (seen on 0.32 without the plugin
-    too), so the next deployment on this machine fails with "create shm in
-    SHMManager failed. errno: 17". Each test's deployment removes the last one's."""
+    deployment. Without the plugin's worker it outlives the engine (vLLM 0.32's
+    own worker too), and the next deployment on this machine fails with "create
+    shm in SHMManager failed. errno: 17"; the plugin's CPU worker removes the
+    names once mapped (patches/worker/cpu_shm_names.py). A name left by an
+    earlier engine without the plugin is removed before each deployment."""
     import glob
 
-    for path in glob.glob("/dev/shm/-pp:0-*-cpushm_*"):
+    for path in glob.glob(STALE_SHM):
         os.unlink(path)
 
 
@@ -77,6 +82,9 @@ def test_external_launcher_ranks_agree_and_match_pp1(models, pp1_greedy, method)
         assert res.outputs == pp1_greedy[target], f"rank {rank}"
         check_acceptance(method, res.result["spec"])
     assert results[0].result["spec"] == results[1].result["spec"]
+    import glob
+
+    assert glob.glob(STALE_SHM) == [], "the deployment left its shared-memory names"
 
 
 def test_external_launcher_with_async_scheduling_is_refused_naming_why(models):

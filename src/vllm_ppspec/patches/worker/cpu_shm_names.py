@@ -31,9 +31,12 @@ _WRAPPED = "_vllm_ppspec_unlinks_names"
 
 
 def segment_name(group_name: str, rank: int) -> str:
-    """The name vLLM's SHM manager gives ``rank``'s segment of ``group_name``
-    (csrc/cpu/shm.cpp, ``SHMManager``: the group name, ``_`` and the rank)."""
-    return f"{group_name}_{rank}"
+    """The file name in /dev/shm of ``rank``'s segment of ``group_name``: vLLM's
+    SHM manager opens ``<group name>_<rank>`` (csrc/cpu/shm.cpp, ``SHMManager``),
+    and glibc's ``shm_open`` drops the name's leading slashes (under vLLM's
+    external launcher the init method is ``env://`` and the group name starts
+    with ``//``)."""
+    return f"{group_name}_{rank}".lstrip("/")
 
 
 def remove_own_name(group_name: str, rank: int, shm_dir: Path = SHM_DIR) -> bool:
