@@ -13,6 +13,7 @@ planted for.
 
 from __future__ import annotations
 
+import glob
 import os
 import socket
 
@@ -45,8 +46,6 @@ def _clear_stale_shm() -> None:
     shm in SHMManager failed. errno: 17"; the plugin's CPU worker removes the
     names once mapped (patches/worker/cpu_shm_names.py). A name left by an
     earlier engine without the plugin is removed before each deployment."""
-    import glob
-
     for path in glob.glob(STALE_SHM):
         os.unlink(path)
 
@@ -82,8 +81,6 @@ def test_external_launcher_ranks_agree_and_match_pp1(models, pp1_greedy, method)
         assert res.outputs == pp1_greedy[target], f"rank {rank}"
         check_acceptance(method, res.result["spec"])
     assert results[0].result["spec"] == results[1].result["spec"]
-    import glob
-
     assert glob.glob(STALE_SHM) == [], "the deployment left its shared-memory names"
 
 
