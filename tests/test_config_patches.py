@@ -520,3 +520,18 @@ def test_the_docs_of_the_rule_and_the_start_up_say_what_the_code_does():
     reliability = (REPO / "docs/reliability.md").read_text()
     assert "never reaches the check" not in reliability
     assert "The test fails on it, as it did before." not in reliability
+
+
+def test_external_launcher_with_async_is_refused_naming_why_on_each_version(target, models):
+    """The plugin refuses async scheduling with the external launcher. On 0.33
+    vLLM's V1 check runs while async is held (async_hold), so the refusal is
+    asked again once it is back; 0.32 names it from vLLM's own check."""
+    with pytest.raises(ValueError, match="async scheduling with the external_launcher PP mode"):
+        _config(
+            target,
+            pipeline_parallel_size=2,
+            worker_cls=WORKER_QUALNAME,
+            speculative_config=_draft_copy(models),
+            distributed_executor_backend="external_launcher",
+            async_scheduling=True,
+        )

@@ -13,11 +13,17 @@ checks only when the PP refusal is the one vLLM would raise; otherwise vLLM
 raises its own error as it does without the plugin. vLLM 0.32 refuses PP +
 async later (``_get_v1_model_runner_unsupported_features``), so nothing is
 held there.
+
+vLLM's V1 check ran while ``async_scheduling`` was held, so the plugin's own
+refusals that depend on it (``refusals.pp_spec_unsupported``: async with the
+external launcher) are asked again once it is back, in vLLM's words.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from vllm_ppspec.patches.config.refusals import pp_spec_unsupported
 
 
 def refuses_pp_async_in_post_init() -> bool:
@@ -85,7 +91,8 @@ def hold_async(vllm_config: Any, pp_mode_on: bool) -> bool:
 def restore_async(vllm_config: Any, dp_sync_unset: bool) -> None:
     """After vLLM's ``__post_init__``: async scheduling back on, with what vLLM's
     explicit-async branch does after its refusals (the executor check, DP
-    synchronisation over gloo instead of NCCL when the user left it unset)."""
+    synchronisation over gloo instead of NCCL when the user left it unset),
+    then the plugin's refusals that depend on async scheduling."""
     from vllm.v1.executor.abstract import Executor
 
     if not Executor.get_class(vllm_config).supports_async_scheduling():
@@ -94,3 +101,6 @@ def restore_async(vllm_config: Any, dp_sync_unset: bool) -> None:
     vllm_config.scheduler_config.async_scheduling = True
     if dp_sync_unset:
         vllm_config.parallel_config.disable_nccl_for_dp_synchronization = True
+    reasons = pp_spec_unsupported(vllm_config)
+    if reasons:
+        raise ValueError(f"Model Runner V1 does not support: {', '.join(reasons)}")
