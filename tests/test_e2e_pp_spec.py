@@ -153,6 +153,8 @@ def test_pp2_spec_matches_pp1_without_spec(
     assert res.shm_left == [], res.shm_left
     said = f"speculative method {spec['method']}, k={K}, {MODE_LOGGED[mode]} scheduling"
     assert res.log.count(said) == 2, f"expected both PP ranks to log {said!r}"
+    # Each rank logs the target's layer split it uses (layer_split.apply).
+    assert res.log.count("vllm-ppspec: target layers split") == 2, res.log[-8000:]
     check_acceptance(method, res.result["spec"])
     assert res.result["probes"]["target_layers"] == TARGET_LAYERS.get(method, BALANCED), (
         "the plugin's layer split (vllm_ppspec/layer_split.py)"

@@ -8,6 +8,7 @@ tests/test_e2e_pp_spec.py (``probe_target_layers``).
 
 from __future__ import annotations
 
+import logging
 import os
 from types import SimpleNamespace
 
@@ -22,7 +23,11 @@ PLUGIN = "vllm_ppspec.worker.PPSpecWorker"
 
 @pytest.fixture(autouse=True)
 def _no_split_set(monkeypatch):
-    monkeypatch.delenv(ENV, raising=False)
+    # Set first, so that monkeypatch restores the variable (unset) after the
+    # test: apply() sets it, and an engine started later in this process (an
+    # e2e test in the same run) would take that split for the user's.
+    monkeypatch.setenv(ENV, "")
+    monkeypatch.delenv(ENV)
     monkeypatch.delenv("VLLM_PPSPEC_AUTO", raising=False)
     monkeypatch.setattr(layer_split, "_set_here", None)
 
@@ -150,21 +155,33 @@ def test_tiny_model_drafters_get_the_split_the_e2e_tests_check(models):
     assert layer_split.split_for(_tiny(models, "ngram")) == ([2, 2], [2, 2])
 
 
-def test_the_plugins_worker_sets_the_split_on_its_lines(models, caplog):
+@pytest.fixture
+def split_log(caplog):
+    """The records of the logger the split is logged to: vLLM's ``vllm``
+    hierarchy, which does not propagate to pytest's root handler once vLLM set
+    up its logging."""
+    log = logging.getLogger("vllm.ppspec")
+    level = log.level
+    log.addHandler(caplog.handler)
+    log.setLevel(logging.INFO)
+    yield caplog
+    log.removeHandler(caplog.handler)
+    log.setLevel(level)
+
+
+def test_the_plugins_worker_sets_the_split_on_its_lines(models, split_log):
     """V1, CPU and CUDA alike: the plugin's workers call apply (below)."""
     cfg = _tiny(models, "draft_copy", worker_cls=PLUGIN)
-    with caplog.at_level("INFO", logger=layer_split.__name__):
-        assert layer_split.apply(cfg) == "3,1"
+    assert layer_split.apply(cfg) == "3,1"
     assert os.environ[ENV] == "3,1"
-    assert "target layers split 3,1 over 2 PP stages instead of vLLM's 2,2" in caplog.text
+    assert "target layers split 3,1 over 2 PP stages instead of vLLM's 2,2" in split_log.text
 
 
-def test_a_split_held_back_by_the_weight_limit_is_named_in_the_log(caplog):
-    with caplog.at_level("INFO", logger=layer_split.__name__):
-        layer_split.apply(_stand_in(SMOLLM2, "ngram"))
+def test_a_split_held_back_by_the_weight_limit_is_named_in_the_log(split_log):
+    layer_split.apply(_stand_in(SMOLLM2, "ngram"))
     assert ENV not in os.environ
-    assert "the work alone would split 19,11" in caplog.text
-    assert f"set {ENV}=19,11 where that fits" in caplog.text
+    assert "the work alone would split 19,11" in split_log.text
+    assert f"set {ENV}=19,11 where that fits" in split_log.text
 
 
 def test_the_users_split_always_wins(models, monkeypatch):

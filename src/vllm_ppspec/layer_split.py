@@ -38,7 +38,9 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-logger = logging.getLogger(__name__)
+# Under vLLM's "vllm" logger, whose handler prints INFO lines in every process
+# (a logger outside it prints only warnings: the chosen split would go unseen).
+logger = logging.getLogger("vllm.ppspec")
 
 ENV = "VLLM_PP_LAYER_PARTITION"
 
