@@ -20,6 +20,7 @@ import pytest
 
 from vllm_ppspec_tools import bench_serve as bs
 from vllm_ppspec_tools import bench_serve_report as rep
+from vllm_ppspec_tools.bench_serve_configs import SUFFIX_K
 from vllm_ppspec_tools.fixtures.copy_prompts import PROMPTS
 
 REPO = Path(__file__).resolve().parent.parent
@@ -145,6 +146,32 @@ def test_an_ngram_configuration_named_with_its_k_runs_that_k():
     assert bs.serve_env(k6)["VLLM_PPSPEC_ADAPTIVE_K"] == "1"
     assert "--enforce-eager" in bs.serve_args(bs.selected("pp1 ngram k5 eager")[1], "/m")
     for bad in ("pp2 no spec k6 compiled", "pp2 ngram k0 compiled", "pp2 k6 ngram compiled"):
+        with pytest.raises(SystemExit, match="unknown configuration"):
+            bs.selected(bad)
+
+
+def test_a_suffix_configuration_runs_suffix_decoding_without_a_cross_request_cache():
+    picked = bs.selected("pp2 suffix compiled, pp1 suffix k8 eager")
+    assert [c.name for c in picked] == [
+        "pp1 no spec eager",
+        "pp2 suffix compiled",
+        "pp1 suffix k8 eager",
+    ]
+    _, pp2, pp1 = picked
+    for cfg, pp, k in ((pp2, 2, SUFFIX_K), (pp1, 1, 8)):
+        args = bs.serve_args(cfg, "/m", k=3)
+        assert json.loads(_opt(args, "--speculative-config") or "") == {
+            "method": "suffix",
+            "num_speculative_tokens": k,
+            # The bench sends each prompt more than once: no replayed responses.
+            "suffix_decoding_max_cached_requests": 0,
+        }
+        assert _opt(args, "--pipeline-parallel-size") == (str(pp) if pp == 2 else None)
+        assert cfg.spec and not cfg.adaptive
+        assert cfg.describe()["method"] == "suffix"
+    assert ("--enforce-eager" in bs.serve_args(pp1, "/m")) is True
+    assert "--worker-cls" not in bs.serve_args(pp2, "/m")  # the plugin selects itself
+    for bad in ("pp2 suffix adaptive K compiled", "pp2 suffix k6 k8 compiled", "pp2 suffix"):
         with pytest.raises(SystemExit, match="unknown configuration"):
             bs.selected(bad)
 

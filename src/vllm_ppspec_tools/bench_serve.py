@@ -25,7 +25,10 @@ eager (``--enforce-eager``) and compiled (vLLM's default); and PP=2 + ngram
 with the plugin's adaptive K (``VLLM_PPSPEC_ADAPTIVE_K=1``, k=3 the most). An
 ngram configuration named with its own K after ``ngram`` (``pp2 ngram k6
 adaptive K compiled``; bench_serve_configs.variant) runs that K, beside the others in one
-run (a run with one is labelled partial). PP=2 runs one core
+run (a run with one is labelled partial); ``suffix`` in ngram's place (``pp2
+suffix compiled``, ``pp1 suffix k8 compiled``) runs suffix decoding, K 16 unless
+named, without its cross-request cache (the bench sends each prompt more than
+once: a cache of earlier responses would replay them). PP=2 runs one core
 per stage (``VLLM_CPU_OMP_THREADS_BIND=0|1``), PP=1 both cores. PP=2 without
 spec runs vLLM's own worker compiled; eager, vLLM's own PP=2 fails on CPU
 (``assert self.intermediate_tensors is not None``), so it runs the plugin's

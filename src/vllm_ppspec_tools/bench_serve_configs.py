@@ -5,7 +5,9 @@ PP=1 and PP=2, no spec and ngram (k=3, prompt lookup 2-5 tokens, as the demo),
 eager and compiled, and PP=2 + ngram with the plugin's adaptive K
 (:data:`CONFIGS`: the full measurement). An ngram configuration named with its
 own K after ``ngram`` (``pp2 ngram k6 adaptive K compiled``; :func:`variant`)
-runs that K.
+runs that K. A ``suffix`` configuration (``pp2 suffix compiled``, ``pp1 suffix
+k8 compiled``) runs suffix decoding (arctic-inference) in ngram's place:
+:func:`spec_config`.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 SERVED_NAME = "smollm2"
 MAX_MODEL_LEN = 1024
 K = 3
+SUFFIX_K = 16  # suffix decoding's K where the name gives none
 WORKER_CLS = "vllm_ppspec.worker.PPSpecWorker"
 
 
@@ -27,7 +30,8 @@ class Config:
     spec: bool
     eager: bool
     adaptive: bool = False
-    k: int | None = None  # ngram's K; None: the run's ``-k``
+    k: int | None = None  # the name's K; None: the run's ``-k`` (ngram), SUFFIX_K
+    method: str = "ngram"
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -36,6 +40,7 @@ class Config:
             "eager": self.eager,
             "adaptive": self.adaptive,
             **({"k": self.k} if self.k is not None else {}),
+            **({"method": self.method} if self.method != "ngram" else {}),
         }
 
 
@@ -55,18 +60,26 @@ def _config(name: str) -> Config:
         mode == "eager",
         "adaptive" in spec,
         k[0] if k else None,
+        "suffix" if spec.startswith("suffix") else "ngram",
     )
 
 
 def variant(name: str) -> Config | None:
     """A configuration of :data:`CONFIGS` with ngram's K in its name (``pp2
     ngram k6 compiled``, ``pp2 ngram k6 adaptive K compiled``): the same
-    server with that K. Not part of the full measurement."""
+    server with that K; or one with ``suffix`` in ngram's place (``pp2 suffix
+    compiled``, ``pp2 suffix k8 compiled``): suffix decoding. Not part of the
+    full measurement."""
     words = name.split()
-    ks = [w for w in words if _is_k(w) and int(w[1:]) >= 1]
-    if len(ks) != 1 or words.index(ks[0]) != 2 or words[1] != "ngram":
+    if len(words) < 3 or words[1] not in ("ngram", "suffix"):
         return None
-    if " ".join(w for w in words if w != ks[0]) not in CONFIGS:
+    ks = [w for w in words if _is_k(w) and int(w[1:]) >= 1]
+    if len(ks) > 1 or (ks and words.index(ks[0]) != 2):
+        return None
+    if words[1] == "ngram" and not ks:
+        return None
+    base = ["ngram" if w == "suffix" else w for w in words if w not in ks]
+    if " ".join(base) not in CONFIGS or (words[1] == "suffix" and "adaptive" in words):
         return None
     return _config(name)
 
@@ -86,16 +99,30 @@ CONFIGS: dict[str, Config] = {
 }
 
 
-def spec_config(k: int = K) -> dict[str, Any]:
+def spec_config(k: int = K, method: str = "ngram") -> dict[str, Any]:
+    """ngram as the demo; or suffix decoding with vLLM's defaults but no
+    cross-request cache (``suffix_decoding_max_cached_requests`` 0): the bench
+    sends each prompt more than once, and a cache of earlier responses would
+    replay them instead of drafting from the request's own prompt and output."""
     from vllm_ppspec_tools.fixtures import spec_configs
 
+    if method == "suffix":
+        return {
+            "method": "suffix",
+            "num_speculative_tokens": k,
+            "suffix_decoding_max_cached_requests": 0,
+        }
     return spec_configs.real("ngram", k, target="", self_drafter="")
 
 
 def serve_args(cfg: Config, model: str, k: int = K) -> list[str]:
     """``vllm serve`` arguments of ``cfg`` (the host and port come from
-    fixtures.server); ngram's K is the configuration's own, else ``k``."""
-    k = cfg.k if cfg.k is not None else k
+    fixtures.server); the K is the configuration's own, else ``k`` (ngram) or
+    :data:`SUFFIX_K` (suffix)."""
+    if cfg.k is not None:
+        k = cfg.k
+    elif cfg.method == "suffix":
+        k = SUFFIX_K
     args = [model, "--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN)]
     args += ["--served-model-name", SERVED_NAME]
     if cfg.eager:
@@ -105,7 +132,7 @@ def serve_args(cfg: Config, model: str, k: int = K) -> list[str]:
         if cfg.eager and not cfg.spec:  # vLLM's own eager PP fails on CPU
             args += ["--worker-cls", WORKER_CLS]
     if cfg.spec:
-        args += ["--speculative-config", json.dumps(spec_config(k))]
+        args += ["--speculative-config", json.dumps(spec_config(k, cfg.method))]
     return args
 
 
@@ -129,7 +156,8 @@ def selected(names: str | None) -> list[Config]:
     if unknown:
         raise SystemExit(
             f"unknown configuration(s) {unknown}; choose from {list(CONFIGS)} "
-            "(or an ngram one with its K after 'ngram': 'pp2 ngram k6 compiled')"
+            "(or an ngram one with its K after 'ngram': 'pp2 ngram k6 compiled'; or "
+            "suffix decoding: 'pp2 suffix compiled', 'pp2 suffix k8 compiled')"
         )
     if not any(c.pp == 1 and not c.spec for c in known.values() if c is not None):
         print("adding 'pp1 no spec eager': the reference the outputs are checked against")
