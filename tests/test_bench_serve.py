@@ -176,6 +176,31 @@ def test_a_suffix_configuration_runs_suffix_decoding_without_a_cross_request_cac
             bs.selected(bad)
 
 
+def test_a_pp2_spec_configuration_may_set_the_target_layer_split():
+    name = "pp2 ngram k6 adaptive K compiled split=19:11"
+    _, cfg = bs.selected(name)
+    assert cfg.name == name and (cfg.pp, cfg.k, cfg.adaptive) == (2, 6, True)
+    env = bs.serve_env(cfg)
+    assert env["VLLM_PP_LAYER_PARTITION"] == "19,11"
+    assert env["VLLM_PPSPEC_ADAPTIVE_K"] == "1"
+    assert cfg.describe()["split"] == "19,11"
+    spec = json.loads(_opt(bs.serve_args(cfg, "/m"), "--speculative-config") or "")
+    assert spec["num_speculative_tokens"] == 6
+    suffix = bs.selected("pp2 suffix compiled split=20:10")[1]
+    assert bs.serve_env(suffix)["VLLM_PP_LAYER_PARTITION"] == "20,10"
+    # Without split= nothing is set: the plugin chooses (layer_split.py).
+    plain = bs.selected("pp2 ngram k6 adaptive K compiled")[1]
+    assert "VLLM_PP_LAYER_PARTITION" not in bs.serve_env(plain)
+    for bad in (
+        "pp2 no spec compiled split=19:11",  # no spec: vLLM's own split
+        "pp1 ngram compiled split=30",
+        "pp2 ngram compiled split=19",
+        "pp2 ngram compiled split=19:x",
+    ):
+        with pytest.raises(SystemExit, match="unknown configuration"):
+            bs.selected(bad)
+
+
 def test_the_shipped_prompts_start_with_the_demos_and_ship_in_the_wheel(tmp_path):
     prompts = bs.load_prompts(bs.PROMPTS_FILE)
     assert len(prompts) == 18 and prompts[:6] == PROMPTS

@@ -7,11 +7,15 @@ eager and compiled, and PP=2 + ngram with the plugin's adaptive K
 own K after ``ngram`` (``pp2 ngram k6 adaptive K compiled``; :func:`variant`)
 runs that K. A ``suffix`` configuration (``pp2 suffix compiled``, ``pp1 suffix
 k8 compiled``) runs suffix decoding (arctic-inference) in ngram's place:
-:func:`spec_config`.
+:func:`spec_config`. A PP=2 + spec name may end with ``split=A:B`` (``pp2
+ngram k6 adaptive K compiled split=19:11``): that server runs with
+``VLLM_PP_LAYER_PARTITION=A,B``, the target's layer split the user sets
+(:func:`with_split`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +36,7 @@ class Config:
     adaptive: bool = False
     k: int | None = None  # the name's K; None: the run's ``-k`` (ngram), SUFFIX_K
     method: str = "ngram"
+    split: str | None = None  # VLLM_PP_LAYER_PARTITION, where the name sets it
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -41,6 +46,7 @@ class Config:
             "adaptive": self.adaptive,
             **({"k": self.k} if self.k is not None else {}),
             **({"method": self.method} if self.method != "ngram" else {}),
+            **({"split": self.split} if self.split is not None else {}),
         }
 
 
@@ -99,6 +105,23 @@ CONFIGS: dict[str, Config] = {
 }
 
 
+def with_split(name: str) -> Config | None:
+    """A PP + spec configuration (of :data:`CONFIGS` or a :func:`variant`) whose
+    name ends with ``split=A:B``, one count per stage: that server with
+    ``VLLM_PP_LAYER_PARTITION=A,B``. Not part of the full measurement."""
+    *words, last = name.split()
+    if not last.startswith("split="):
+        return None
+    base = " ".join(words)
+    cfg = CONFIGS.get(base) or variant(base)
+    counts = last[len("split=") :].split(":")
+    if cfg is None or not cfg.spec or cfg.pp < 2 or len(counts) != cfg.pp:
+        return None
+    if not all(c.isdigit() and int(c) > 0 for c in counts):
+        return None
+    return dataclasses.replace(cfg, name=name, split=",".join(counts))
+
+
 def spec_config(k: int = K, method: str = "ngram") -> dict[str, Any]:
     """ngram as the demo; or suffix decoding with vLLM's defaults but no
     cross-request cache (``suffix_decoding_max_cached_requests`` 0): the bench
@@ -138,11 +161,13 @@ def serve_args(cfg: Config, model: str, k: int = K) -> list[str]:
 
 def serve_env(cfg: Config) -> dict[str, str]:
     """One core per stage at PP=2, both cores at PP=1 (fixtures.run_offline.cpu_env);
-    ``VLLM_PPSPEC_ADAPTIVE_K=1`` for the adaptive configurations."""
+    ``VLLM_PPSPEC_ADAPTIVE_K=1`` for the adaptive configurations;
+    ``VLLM_PP_LAYER_PARTITION`` where the name sets a split."""
     from vllm_ppspec.sched.adaptive_k import ADAPTIVE_ENV
     from vllm_ppspec_tools.fixtures.run_offline import cpu_env
 
-    return cpu_env(cfg.pp) | ({ADAPTIVE_ENV: "1"} if cfg.adaptive else {})
+    env = cpu_env(cfg.pp) | ({ADAPTIVE_ENV: "1"} if cfg.adaptive else {})
+    return env | ({"VLLM_PP_LAYER_PARTITION": cfg.split} if cfg.split else {})
 
 
 def selected(names: str | None) -> list[Config]:
@@ -151,13 +176,14 @@ def selected(names: str | None) -> list[Config]:
     if not names:
         return list(CONFIGS.values())
     picked = [" ".join(n.split()) for n in names.split(",") if n.strip()]
-    known = {n: CONFIGS.get(n) or variant(n) for n in picked}
+    known = {n: CONFIGS.get(n) or variant(n) or with_split(n) for n in picked}
     unknown = [n for n, c in known.items() if c is None]
     if unknown:
         raise SystemExit(
             f"unknown configuration(s) {unknown}; choose from {list(CONFIGS)} "
             "(or an ngram one with its K after 'ngram': 'pp2 ngram k6 compiled'; or "
-            "suffix decoding: 'pp2 suffix compiled', 'pp2 suffix k8 compiled')"
+            "suffix decoding: 'pp2 suffix compiled', 'pp2 suffix k8 compiled'; a PP=2 + "
+            "spec one may end with a layer split: '... compiled split=19:11')"
         )
     if not any(c.pp == 1 and not c.spec for c in known.values() if c is not None):
         print("adding 'pp1 no spec eager': the reference the outputs are checked against")
