@@ -62,7 +62,7 @@ def test_a_foreign_worker_cls_is_left_alone_with_a_warning(target, models, monke
     assert said == [config_patches.FOREIGN_WARNING.format(worker=foreign)]
 
 
-def _async_plugin_config(model: str, models, pp: int):
+def _async_plugin_config(model: str, models, pp: int, **extra):
     """PP = ``pp`` + draft_copy with the plugin's worker and --async-scheduling."""
     return _config(
         model,
@@ -70,6 +70,7 @@ def _async_plugin_config(model: str, models, pp: int):
         worker_cls=WORKER_QUALNAME,
         speculative_config=_draft_copy(models),
         async_scheduling=True,
+        **extra,
     )
 
 
@@ -128,13 +129,7 @@ def test_pp_async_without_spec_keeps_vllms_refusal_with_the_plugin_worker(target
 
 
 def test_pp_async_spec_config_is_accepted_with_the_plugin_worker(target, models):
-    cfg = _config(
-        target,
-        pipeline_parallel_size=2,
-        worker_cls=WORKER_QUALNAME,
-        speculative_config=_draft_copy(models),
-        async_scheduling=True,
-    )
+    cfg = _async_plugin_config(target, models, 2)
     assert cfg.scheduler_config.async_scheduling is True
     # As vLLM's explicit-async branch sets it (0.33: put back by restore_async).
     assert cfg.parallel_config.disable_nccl_for_dp_synchronization is True
@@ -301,13 +296,8 @@ def test_async_pp_spec_runs_lanes_at_dp_2_too(target, models):
 
 def test_another_scheduler_class_is_refused_under_async_pp_spec(target, models):
     with pytest.raises(ValueError, match="subclass vllm_ppspec.sched.lanes"):
-        _config(
-            target,
-            pipeline_parallel_size=2,
-            worker_cls=WORKER_QUALNAME,
-            speculative_config=_draft_copy(models),
-            async_scheduling=True,
-            scheduler_cls="vllm.v1.core.sched.async_scheduler.AsyncScheduler",
+        _async_plugin_config(
+            target, models, 2, scheduler_cls="vllm.v1.core.sched.async_scheduler.AsyncScheduler"
         )
 
 
@@ -527,11 +517,4 @@ def test_external_launcher_with_async_is_refused_naming_why_on_each_version(targ
     vLLM's V1 check runs while async is held (async_hold), so the refusal is
     asked again once it is back; 0.32 names it from vLLM's own check."""
     with pytest.raises(ValueError, match="async scheduling with the external_launcher PP mode"):
-        _config(
-            target,
-            pipeline_parallel_size=2,
-            worker_cls=WORKER_QUALNAME,
-            speculative_config=_draft_copy(models),
-            distributed_executor_backend="external_launcher",
-            async_scheduling=True,
-        )
+        _async_plugin_config(target, models, 2, distributed_executor_backend="external_launcher")
