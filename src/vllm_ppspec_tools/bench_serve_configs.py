@@ -163,11 +163,12 @@ def serve_env(cfg: Config) -> dict[str, str]:
     """One core per stage at PP=2, both cores at PP=1 (fixtures.run_offline.cpu_env);
     ``VLLM_PPSPEC_ADAPTIVE_K=1`` for the adaptive configurations;
     ``VLLM_PP_LAYER_PARTITION`` where the name sets a split."""
+    from vllm_ppspec.layer_split import ENV as SPLIT_ENV
     from vllm_ppspec.sched.adaptive_k import ADAPTIVE_ENV
     from vllm_ppspec_tools.fixtures.run_offline import cpu_env
 
     env = cpu_env(cfg.pp) | ({ADAPTIVE_ENV: "1"} if cfg.adaptive else {})
-    return env | ({"VLLM_PP_LAYER_PARTITION": cfg.split} if cfg.split else {})
+    return env | ({SPLIT_ENV: cfg.split} if cfg.split else {})
 
 
 def selected(names: str | None) -> list[Config]:
