@@ -7,8 +7,18 @@
 # (e.g. -x, -k pd). Each part is timed against its budget and the table is
 # printed at the end (scripts/budget.sh); fails if a run fails or the whole
 # run is over its budget.
+#
+#   test.sh --real-pair [pytest args]   only the real-pair group (marker real_pair:
+#                                       Qwen2.5-Coder-1.5B + its 0.5B drafter,
+#                                       tests/test_e2e_real_pair.py; about 4 minutes
+#                                       once the pair is converted; the full run has it)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = --real-pair ]; then
+  shift
+  bash scripts/setup.sh
+  exec .venv/bin/python -m pytest -v -rA --durations=0 -m real_pair "$@" tests
+fi
 source scripts/budget.sh
 budget_begin
 

@@ -373,3 +373,69 @@ def test_a_run_is_labelled_by_how_much_of_the_measurement_it_is():
     assert label(["--repeats", "1"], some) == "smoke"
     assert label(["--loads", "1,8"], every) == "smoke"
     assert label(["--num-prompts", "8"], every) == "smoke"
+
+
+def test_a_draft_configuration_runs_the_workloads_draft_model():
+    picked = bs.selected("pp1 draft compiled, pp2 draft adaptive K compiled, pp2 draft k2 eager")
+    assert [c.name for c in picked] == [
+        "pp1 no spec eager",
+        "pp1 draft compiled",
+        "pp2 draft adaptive K compiled",
+        "pp2 draft k2 eager",
+    ]
+    _, pp1, adaptive, k2 = picked
+    for cfg, k in ((pp1, 3), (adaptive, 3), (k2, 2)):
+        args = bs.serve_args(cfg, "/target", 3, "/drafter", "qwen-coder")
+        assert _opt(args, "--served-model-name") == "qwen-coder"
+        assert json.loads(_opt(args, "--speculative-config") or "") == {
+            "method": "draft_model",
+            "model": "/drafter",
+            "num_speculative_tokens": k,
+        }
+        assert cfg.describe()["method"] == "draft_model"
+    assert bs.serve_env(adaptive)["VLLM_PPSPEC_ADAPTIVE_K"] == "1"
+    # The plugin's worker serves PP + spec, and its clocks are read through the dev RPC.
+    assert bs.serve_env(adaptive)["VLLM_SERVER_DEV_MODE"] == "1"
+    assert "VLLM_SERVER_DEV_MODE" not in bs.serve_env(pp1)
+    assert "--worker-cls" not in bs.serve_args(k2, "/t", 3, "/d")
+    with pytest.raises(SystemExit, match="needs a workload with a drafter"):
+        bs.serve_args(pp1, "/target")  # SmolLM2's workload has no drafter
+
+
+def test_stage_shares_are_each_ranks_clock_growth_over_the_wall_time():
+    before = [
+        {"step_s": 1.0, "forward_s": 0.5, "draft_s": 0.0, "steps": 10},
+        {"step_s": 2.0, "forward_s": 1.0, "draft_s": 0.5, "steps": 10},
+    ]
+    after = [
+        {"step_s": 3.0, "forward_s": 2.0, "draft_s": 0.0, "steps": 30},
+        {"step_s": 9.0, "forward_s": 3.0, "draft_s": 4.5, "steps": 30},
+    ]
+    assert rep.stage_shares(before, after, 10.0) == [
+        {"busy": 0.2, "forward": 0.15, "draft": 0.0, "steps": 20},
+        {"busy": 0.7, "forward": 0.2, "draft": 0.4, "steps": 20},
+    ]
+
+
+def test_peak_rss_is_read_for_every_process_of_the_group():
+    import subprocess
+    import sys
+
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; b = bytearray(64 << 20); print('ready', flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # a group of its own, as a server's
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        peak = rep.peak_rss_mib(child.pid)
+        assert [int(k.rsplit(":", 1)[1]) for k in peak] == [child.pid]
+        assert 64 <= max(peak.values()) < 1024  # its 64 MiB buffer, and only its own
+    finally:
+        child.kill()
+        child.wait()

@@ -3,13 +3,19 @@
     vllm-ppspec-bench-serve [--configs "pp1 no spec compiled,pp2 ngram compiled"]
                             [--loads 1,8,16,32,64] [--repeats 3] [--num-prompts N]
                             [--output-len 96] [--name smollm2] [--out results]
+    vllm-ppspec-bench-serve --model qwen-coder \
+        --configs "pp1 no spec compiled,pp1 draft compiled,pp2 no spec compiled,pp2 draft compiled"
 
 (``python -m vllm_ppspec_tools.bench_serve`` runs the same.)
 
-Model: SmolLM2-135M-Instruct from the local cache (fixtures.real_model, as the
-demo; no model hub). Prompts: the copy-heavy chat prompts shipped with the
-package (``vllm_ppspec_tools/data/copy_chat_prompts.jsonl``: the demo's six
-and twelve more), sent as one user turn each through the server's chat
+Model (``--model``): SmolLM2-135M-Instruct from the local cache
+(fixtures.real_model, as the demo; no model hub), or ``qwen-coder``:
+Qwen2.5-Coder-1.5B-Instruct with its 0.5B sibling as the drafter of the
+``draft`` configurations (fixtures.real_pair), on the eight code prompts of
+fixtures.code_prompts (unless ``--prompts`` is given). SmolLM2's prompts: the
+copy-heavy chat prompts shipped with the package
+(``vllm_ppspec_tools/data/copy_chat_prompts.jsonl``: the demo's six and
+twelve more). Each is sent as one user turn each through the server's chat
 template (``--backend openai-chat``), greedy (temperature 0), at most
 ``--output-len`` tokens each: a request ends at the model's EOS, as a chat
 user gets it (``--ignore-eos``: every request generates them all, the model
@@ -42,7 +48,10 @@ requests in flight; ``--num-prompts``, default the shipped prompt count,
 rounded up to a multiple of the load, the prompts cycled in order). Every
 generated text (``--save-detailed``) must equal PP=1 without spec's for the
 same prompt at the same load (bench_serve_report.check_outputs); any
-difference or failed request makes the exit status 1.
+difference or failed request makes the exit status 1. Each run also keeps
+vLLM's TTFT and ITL, the drafts accepted at each position over that load
+(``/metrics`` read before and after it), and, per server, each process's
+peak resident memory (``VmHWM``) read before it stops.
 
 Writes ``bench-serve-<name>.json`` and, with matplotlib, ``.png`` to ``--out``
 (default results/); a run of some configurations, or of 2 repeats, at every
@@ -69,8 +78,10 @@ from vllm_ppspec_tools import paths
 from vllm_ppspec_tools.bench_serve_configs import (
     CONFIGS,
     SERVED_NAME,
+    WORKLOADS,
     Config,
     K,
+    plugin_worker,
     selected,
     serve_args,
     serve_env,
@@ -96,6 +107,7 @@ def bench_args(
     output_len: int,
     result: Path,
     ignore_eos: bool = False,
+    served: str = SERVED_NAME,
 ) -> list[str]:
     """``vllm bench serve`` arguments: ``n`` prompts of ``dataset`` in file order,
     ``load`` in flight, greedy, every generated text saved to ``result``."""
@@ -109,7 +121,7 @@ def bench_args(
         "--base-url",
         base_url,
         "--model",
-        SERVED_NAME,
+        served,
         "--tokenizer",
         tokenizer,
         "--dataset-name",
@@ -138,6 +150,33 @@ def bench_args(
         "--result-filename",
         result.name,
     ]
+
+
+def workload(args: argparse.Namespace) -> tuple[str, str, list[str], str]:
+    """(target path, drafter path or "", prompts, description) of ``--model``."""
+    if args.model == "qwen-coder":
+        from vllm_ppspec_tools.fixtures import code_prompts, real_pair
+
+        target, drafter = real_pair.build_pair(args.models_dir)
+        prompts = load_prompts(Path(args.prompts)) if args.prompts else list(code_prompts.PROMPTS)
+        return (
+            target,
+            drafter,
+            prompts,
+            (
+                "Qwen2.5-Coder-1.5B-Instruct, drafter Qwen2.5-Coder-0.5B-Instruct "
+                "(fixtures.real_pair, float32)"
+            ),
+        )
+    from vllm_ppspec_tools.fixtures import real_model
+
+    prompts = load_prompts(Path(args.prompts or PROMPTS_FILE))
+    return (
+        real_model.build(args.models_dir),
+        "",
+        prompts,
+        ("SmolLM2-135M-Instruct (fixtures.real_model, float32)"),
+    )
 
 
 def load_prompts(path: Path) -> list[str]:
@@ -175,11 +214,13 @@ def _slug(name: str) -> str:
 def drive(
     cfg: Config, rep: int, args: argparse.Namespace, model: str, datasets: dict[int, Path]
 ) -> dict[str, Any]:
-    """One server of ``cfg``: started, driven at every load, stopped. Load -> run record."""
-    from vllm_ppspec_tools.fixtures.server import Server
+    """One server of ``cfg``: started, driven at every load, stopped. Load -> run
+    record, and ``"peak_rss_mib"``: each of its processes' peak resident memory."""
+    from vllm_ppspec_tools.fixtures.server import Server, runner_clocks
 
     work = paths.cache_dir("bench-serve", args.name)
-    srv = Server(f"{_slug(cfg.name)}-r{rep}", serve_args(cfg, model, args.k), serve_env(cfg), work)
+    argv = serve_args(cfg, model, args.k, args.drafter, args.model)
+    srv = Server(f"{_slug(cfg.name)}-r{rep}", argv, serve_env(cfg), work)
     runs: dict[str, Any] = {}
     try:
         try:
@@ -195,9 +236,20 @@ def drive(
             cmd = [
                 str(Path(sys.executable).parent / "vllm"),
                 *bench_args(
-                    srv.base, model, dataset, n, load, args.output_len, result, args.ignore_eos
+                    srv.base,
+                    model,
+                    dataset,
+                    n,
+                    load,
+                    args.output_len,
+                    result,
+                    args.ignore_eos,
+                    args.model,
                 ),
             ]
+            before = report.spec_counters(srv.base) if cfg.spec else None
+            clocks = runner_clocks(srv.base) if plugin_worker(cfg) else None
+            started = time.monotonic()
             print(f"$ {' '.join(cmd)}", flush=True)
             with open(work / f"bench-{_slug(cfg.name)}-r{rep}-c{load}.log", "w") as log:
                 try:
@@ -213,12 +265,19 @@ def drive(
             runs[str(load)] = {
                 **report.run_record(json.loads(result.read_text())),
                 "ready_s": ready,
+                **({"spec": report.spec_delta(before, srv.base)} if before else {}),
             }
+            if clocks is not None:
+                wall = time.monotonic() - started
+                runs[str(load)]["stages"] = report.stage_shares(
+                    clocks, runner_clocks(srv.base), wall
+                )
             print(
                 f"  {cfg.name} @{load}: {runs[str(load)]['output_tok_s']:.1f} output tok/s "
                 f"({runs[str(load)]['completed']} completed, {runs[str(load)]['failed']} failed)",
                 flush=True,
             )
+        runs["peak_rss_mib"] = report.peak_rss_mib(srv.proc.pid)
     finally:
         srv.stop()
     return runs
@@ -252,7 +311,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--output-len", type=int, default=96)
     p.add_argument("--ignore-eos", action="store_true", help="every request: --output-len tokens")
     p.add_argument("-k", type=int, default=K, help="ngram's num_speculative_tokens")
-    p.add_argument("--prompts", default=str(PROMPTS_FILE), help="jsonl, one {'prompt'} per line")
+    p.add_argument("--model", choices=WORKLOADS, default=SERVED_NAME, help="the workload")
+    p.add_argument("--prompts", help="jsonl, one {'prompt'} per line (default: the workload's)")
     p.add_argument("--name", help="output stem: bench-serve-<name> (smollm2[-partial|-smoke])")
     p.add_argument("--out", default=str(paths.results_dir()))
     p.add_argument("--models-dir", default=str(paths.cache_dir("models")))
@@ -268,15 +328,12 @@ def main(argv: list[str] | None = None) -> int:
     # vllm serve as a user starts it: a fresh process, vLLM spawning its own.
     os.environ.setdefault("PPSPEC_FORKSERVER", "0")
     os.environ.setdefault("PPSPEC_VLLM_START", "spawn")
-    from vllm_ppspec_tools.fixtures import real_model
-
     configs = selected(args.configs)
-    prompts = load_prompts(Path(args.prompts))
+    model, args.drafter, prompts, described = workload(args)
     if args.num_prompts is None:
         args.num_prompts = len(prompts)
     run_label = label(args, configs, len(prompts))
-    args.name = args.name or SERVED_NAME + ("" if run_label == "full" else f"-{run_label}")
-    model = real_model.build(args.models_dir)
+    args.name = args.name or args.model + ("" if run_label == "full" else f"-{run_label}")
     work = paths.cache_dir("bench-serve", args.name)
     datasets = {
         load: write_dataset(prompts, num_prompts(load, args.num_prompts), work / f"c{load}.json")
@@ -284,30 +341,37 @@ def main(argv: list[str] | None = None) -> int:
     }
     runs: dict[str, dict[str, list[Any]]] = {c.name: {} for c in configs}
     t0 = time.monotonic()
+    peak_rss: dict[str, list[Any]] = {c.name: [] for c in configs}
     for rep in range(args.repeats):
         for cfg in configs:
-            for load, rec in drive(cfg, rep, args, model, datasets).items():
+            driven = drive(cfg, rep, args, model, datasets)
+            peak_rss[cfg.name].append(driven.pop("peak_rss_mib", None))
+            for load, rec in driven.items():
                 runs[cfg.name].setdefault(load, []).append(rec)
     data = {
         "tool": "vllm-ppspec-bench-serve",
         "label": run_label,
         "command": ["vllm-ppspec-bench-serve", *(sys.argv[1:] if argv is None else argv)],
-        "model": "SmolLM2-135M-Instruct (fixtures.real_model, float32)",
-        "prompts": {"file": Path(args.prompts).name, "count": len(prompts)},
+        "model": described,
+        "prompts": {
+            "file": Path(args.prompts).name if args.prompts else None,
+            "count": len(prompts),
+        },
         "output_len": args.output_len,
         "ignore_eos": args.ignore_eos,
-        "spec": spec_config(args.k),
+        "spec": spec_config(args.k, *(("draft_model", args.drafter) if args.drafter else ())),
         "loads": args.loads_list,
         "repeats": args.repeats,
         "num_prompts": {str(x): num_prompts(x, args.num_prompts) for x in args.loads_list},
         "cpus": os.cpu_count(),
         "wall_s": round(time.monotonic() - t0, 1),
         "configs": {
-            c.name: {**c.describe(), "serve_args": serve_args(c, "<model>", args.k)}
+            c.name: {**c.describe(), "serve_args": serve_args(c, "<model>", args.k, "<drafter>")}
             | {"env": serve_env(c)}
             for c in configs
         },
         "runs": runs,
+        "peak_rss_mib": peak_rss,
     }
     return report.finish(data, Path(args.out), args.name)
 

@@ -11,6 +11,11 @@ k8 compiled``) runs suffix decoding (arctic-inference) in ngram's place:
 ngram k6 adaptive K compiled split=19:11``): that server runs with
 ``VLLM_PP_LAYER_PARTITION=A,B``, the target's layer split the user sets
 (:func:`with_split`).
+
+``draft`` in ngram's place (``pp1 draft compiled``, ``pp2 draft adaptive K
+compiled``) runs ``draft_model`` with the workload's drafter: the real pair
+(``--model qwen-coder``: Qwen2.5-Coder-1.5B drafted by its 0.5B sibling;
+:data:`WORKLOADS`).
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 SERVED_NAME = "smollm2"
+# --model: the served names of the workloads (bench_serve.workload).
+WORKLOADS = ("smollm2", "qwen-coder")
 MAX_MODEL_LEN = 1024
 K = 3
 SUFFIX_K = 16  # suffix decoding's K where the name gives none
@@ -66,7 +73,7 @@ def _config(name: str) -> Config:
         mode == "eager",
         "adaptive" in spec,
         k[0] if k else None,
-        "suffix" if spec.startswith("suffix") else "ngram",
+        {"suffix": "suffix", "draft": "draft_model"}.get(spec.split()[0], "ngram"),
     )
 
 
@@ -74,17 +81,18 @@ def variant(name: str) -> Config | None:
     """A configuration of :data:`CONFIGS` with ngram's K in its name (``pp2
     ngram k6 compiled``, ``pp2 ngram k6 adaptive K compiled``): the same
     server with that K; or one with ``suffix`` in ngram's place (``pp2 suffix
-    compiled``, ``pp2 suffix k8 compiled``): suffix decoding. Not part of the
-    full measurement."""
+    compiled``, ``pp2 suffix k8 compiled``): suffix decoding; or ``draft``
+    (``pp2 draft compiled``, ``pp2 draft adaptive K compiled``): the
+    workload's draft model. Not part of the full measurement."""
     words = name.split()
-    if len(words) < 3 or words[1] not in ("ngram", "suffix"):
+    if len(words) < 3 or words[1] not in ("ngram", "suffix", "draft"):
         return None
     ks = [w for w in words if _is_k(w) and int(w[1:]) >= 1]
     if len(ks) > 1 or (ks and words.index(ks[0]) != 2):
         return None
     if words[1] == "ngram" and not ks:
         return None
-    base = ["ngram" if w == "suffix" else w for w in words if w not in ks]
+    base = ["ngram" if w in ("suffix", "draft") else w for w in words if w not in ks]
     if " ".join(base) not in CONFIGS or (words[1] == "suffix" and "adaptive" in words):
         return None
     return _config(name)
@@ -122,13 +130,18 @@ def with_split(name: str) -> Config | None:
     return dataclasses.replace(cfg, name=name, split=",".join(counts))
 
 
-def spec_config(k: int = K, method: str = "ngram") -> dict[str, Any]:
-    """ngram as the demo; or suffix decoding with vLLM's defaults but no
-    cross-request cache (``suffix_decoding_max_cached_requests`` 0): the bench
-    sends each prompt more than once, and a cache of earlier responses would
-    replay them instead of drafting from the request's own prompt and output."""
+def spec_config(k: int = K, method: str = "ngram", drafter: str = "") -> dict[str, Any]:
+    """ngram as the demo; ``draft_model`` with ``drafter``; or suffix decoding
+    with vLLM's defaults but no cross-request cache
+    (``suffix_decoding_max_cached_requests`` 0): the bench sends each prompt
+    more than once, and a cache of earlier responses would replay them instead
+    of drafting from the request's own prompt and output."""
     from vllm_ppspec_tools.fixtures import spec_configs
 
+    if method == "draft_model":
+        if not drafter:
+            raise SystemExit("a 'draft' configuration needs a workload with a drafter")
+        return {"method": "draft_model", "model": drafter, "num_speculative_tokens": k}
     if method == "suffix":
         return {
             "method": "suffix",
@@ -138,36 +151,47 @@ def spec_config(k: int = K, method: str = "ngram") -> dict[str, Any]:
     return spec_configs.real("ngram", k, target="", self_drafter="")
 
 
-def serve_args(cfg: Config, model: str, k: int = K) -> list[str]:
+def serve_args(
+    cfg: Config, model: str, k: int = K, drafter: str = "", served: str = SERVED_NAME
+) -> list[str]:
     """``vllm serve`` arguments of ``cfg`` (the host and port come from
-    fixtures.server); the K is the configuration's own, else ``k`` (ngram) or
-    :data:`SUFFIX_K` (suffix)."""
+    fixtures.server); the K is the configuration's own, else ``k`` (ngram,
+    draft) or :data:`SUFFIX_K` (suffix)."""
     if cfg.k is not None:
         k = cfg.k
     elif cfg.method == "suffix":
         k = SUFFIX_K
     args = [model, "--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN)]
-    args += ["--served-model-name", SERVED_NAME]
+    args += ["--served-model-name", served]
     if cfg.eager:
         args.append("--enforce-eager")
     if cfg.pp > 1:
         args += ["--pipeline-parallel-size", str(cfg.pp), "--distributed-executor-backend", "mp"]
-        if cfg.eager and not cfg.spec:  # vLLM's own eager PP fails on CPU
+        if plugin_worker(cfg) and not cfg.spec:  # vLLM's own eager PP fails on CPU
             args += ["--worker-cls", WORKER_CLS]
     if cfg.spec:
-        args += ["--speculative-config", json.dumps(spec_config(k, cfg.method))]
+        args += ["--speculative-config", json.dumps(spec_config(k, cfg.method, drafter))]
     return args
+
+
+def plugin_worker(cfg: Config) -> bool:
+    """The plugin's worker serves ``cfg``: PP + spec (it selects itself), and eager
+    PP without spec (named: vLLM's own eager PP fails on CPU)."""
+    return cfg.pp > 1 and (cfg.spec or cfg.eager)
 
 
 def serve_env(cfg: Config) -> dict[str, str]:
     """One core per stage at PP=2, both cores at PP=1 (fixtures.run_offline.cpu_env);
     ``VLLM_PPSPEC_ADAPTIVE_K=1`` for the adaptive configurations;
-    ``VLLM_PP_LAYER_PARTITION`` where the name sets a split."""
+    ``VLLM_PP_LAYER_PARTITION`` where the name sets a split;
+    ``VLLM_SERVER_DEV_MODE=1`` where the plugin's worker serves, so that the bench
+    reads each stage's runner clocks (``/collective_rpc``)."""
     from vllm_ppspec.layer_split import ENV as SPLIT_ENV
     from vllm_ppspec.sched.adaptive_k import ADAPTIVE_ENV
     from vllm_ppspec_tools.fixtures.run_offline import cpu_env
 
     env = cpu_env(cfg.pp) | ({ADAPTIVE_ENV: "1"} if cfg.adaptive else {})
+    env |= {"VLLM_SERVER_DEV_MODE": "1"} if plugin_worker(cfg) else {}
     return env | ({SPLIT_ENV: cfg.split} if cfg.split else {})
 
 
@@ -183,7 +207,8 @@ def selected(names: str | None) -> list[Config]:
         raise SystemExit(
             f"unknown configuration(s) {unknown}; choose from {list(CONFIGS)} "
             "(or an ngram one with its K after 'ngram': 'pp2 ngram k6 compiled'; or "
-            "suffix decoding: 'pp2 suffix compiled', 'pp2 suffix k8 compiled'; a PP=2 + "
+            "suffix decoding: 'pp2 suffix compiled', 'pp2 suffix k8 compiled'; or the "
+            "workload's draft model: 'pp2 draft compiled'; a PP=2 + "
             "spec one may end with a layer split: '... compiled split=19:11')"
         )
     if not any(c.pp == 1 and not c.spec for c in known.values() if c is not None):

@@ -9,6 +9,7 @@ load -> one record per repeat), so that they are tested on canned results.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 from pathlib import Path
 from typing import Any
@@ -25,9 +26,86 @@ def run_record(result: dict[str, Any]) -> dict[str, Any]:
         "duration_s": round(float(result["duration"]), 2),
         "output_tokens": int(result["total_output_tokens"]),
         "max_concurrency": result.get("max_concurrency"),
+        **{
+            key: round(float(result[key]), 1)
+            for key in ("median_ttft_ms", "p99_ttft_ms", "median_itl_ms", "median_tpot_ms")
+            if result.get(key) is not None
+        },
         "texts": list(result.get("generated_texts") or []),
         "errors": list(result.get("errors") or []),
     }
+
+
+def spec_counters(base: str) -> dict[str, Any]:
+    """The server's speculative-decoding counters now: drafts, accepted, rounds,
+    accepted per position."""
+    from vllm_ppspec_tools.fixtures.server import accepted_per_position, metrics
+
+    m = metrics(base)
+    return {
+        "drafts": m.get("vllm:spec_decode_num_draft_tokens_total", 0.0),
+        "accepted": m.get("vllm:spec_decode_num_accepted_tokens_total", 0.0),
+        "rounds": m.get("vllm:spec_decode_num_drafts_total", 0.0),
+        "per_position": accepted_per_position(base),
+    }
+
+
+def spec_delta(before: dict[str, Any], base: str) -> dict[str, Any]:
+    """The counters' growth since ``before`` (one load's run): drafts, accepted,
+    rounds, the acceptance at each position (share of rounds) and mean tokens
+    per round (accepted / rounds + 1)."""
+    after = spec_counters(base)
+    d = {key: after[key] - before[key] for key in ("drafts", "accepted", "rounds")}
+    old = before["per_position"] + [0.0] * (
+        len(after["per_position"]) - len(before["per_position"])
+    )
+    rounds = d["rounds"] or 1.0
+    return {
+        **{key: int(v) for key, v in d.items()},
+        "acceptance_by_position": [
+            round((a - b) / rounds, 3) for a, b in zip(after["per_position"], old, strict=True)
+        ],
+        "tokens_per_round": round(1 + d["accepted"] / rounds, 2),
+    }
+
+
+def stage_shares(
+    before: list[dict[str, float]], after: list[dict[str, float]], wall_s: float
+) -> list[dict[str, float]]:
+    """Per PP rank, over one load's run of ``wall_s`` seconds: the share of the wall
+    time in its steps (``busy``: execute_model + sample_tokens, less the wait for
+    rounds), in the target's forward and in the drafter's passes, and its steps
+    (from the runner clocks read before and after)."""
+    out = []
+    for b, a in zip(before, after, strict=True):
+        out.append(
+            {
+                "busy": round((a["step_s"] - b["step_s"]) / wall_s, 3),
+                "forward": round((a["forward_s"] - b["forward_s"]) / wall_s, 3),
+                "draft": round((a.get("draft_s", 0.0) - b.get("draft_s", 0.0)) / wall_s, 3),
+                "steps": int(a["steps"] - b["steps"]),
+            }
+        )
+    return out
+
+
+def peak_rss_mib(session_pid: int) -> dict[str, float]:
+    """Peak resident memory (``VmHWM``, MiB) of each live process in the process group
+    ``session_pid`` leads (a server's: API server, engine core, workers), by name and pid."""
+    out: dict[str, float] = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if os.getpgid(int(proc.name)) != session_pid:
+                continue
+            name = (proc / "comm").read_text().strip()
+            for line in (proc / "status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    out[f"{name}:{proc.name}"] = round(int(line.split()[1]) / 1024, 1)
+        except (OSError, ValueError):
+            continue
+    return out
 
 
 def summarize(runs: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, Any]:

