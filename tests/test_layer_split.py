@@ -243,3 +243,27 @@ def test_each_worker_sets_the_split_before_vllms_init_device(models, monkeypatch
     worker.vllm_config = _tiny(models, "draft_copy", worker_cls=PLUGIN)
     worker.init_device()
     assert seen == ["3,1"]
+
+
+# The real pair (fixtures/real_pair.py): Qwen2.5-Coder-1.5B and its 0.5B drafter.
+QWEN_1_5B = _llama(1536, 28, 8960, 12, 2, 151936)
+QWEN_0_5B = _llama(896, 24, 4864, 14, 2, 151936)
+
+
+def test_the_split_follows_the_draft_model_to_the_first_stage(monkeypatch):
+    """On the last stage the 0.5B's three passes outweigh the whole target's
+    layers: the plugin gives the first stage all it may (24,4, the weight limit).
+    On the first stage (VLLM_PPSPEC_DRAFTER_STAGE=first) the layers go the
+    other way, as far as the same limit lets them."""
+    config = _stand_in(QWEN_1_5B, "draft_model", QWEN_0_5B)
+    config.scheduler_config = SimpleNamespace(async_scheduling=False)
+    monkeypatch.delenv("VLLM_PPSPEC_DRAFTER_STAGE", raising=False)
+    assert layer_split.split_for(config) == ([24, 4], [14, 14])
+    monkeypatch.setenv("VLLM_PPSPEC_DRAFTER_STAGE", "first")
+    split, even = layer_split.split_for(config)
+    assert even == [14, 14] and split[0] < split[1] and sum(split) == 28
+    free, _ = layer_split.split_for(config, weight_limit=False)
+    assert free[0] <= split[0]  # the work alone moves at least as many
+    # Async scheduling keeps the drafter last, and the split with it.
+    config.scheduler_config.async_scheduling = True
+    assert layer_split.split_for(config) == ([24, 4], [14, 14])

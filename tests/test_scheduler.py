@@ -172,3 +172,37 @@ def test_batches_in_flight_logs_each_new_maximum(caplog):
     assert (batches.now, batches.most) == (3, 3)
     said = [r.getMessage() for r in caplog.records if "batches in flight" in r.getMessage()]
     assert said == [f"vllm-ppspec: {n} batches in flight" for n in (1, 2, 3)]
+
+
+def test_placeholder_slots_skip_requests_a_grammar_checks(monkeypatch):
+    """With the draft model on the first stage the last rank's drafts are
+    placeholder slots (runner/drafter/first_stage.py): a grammar cannot check
+    them, so a structured-output request gets none; real drafts go to both."""
+    applied: list[DraftTokenIds] = []
+    monkeypatch.setattr(Scheduler, "update_draft_token_ids", lambda self, d: applied.append(d))
+    sched = object.__new__(PPSpecScheduler)
+    sched.requests = {
+        "plain": SimpleNamespace(**vars(_request()), use_structured_output=False),
+        "json": SimpleNamespace(**vars(_request()), use_structured_output=True),
+    }
+    batch = SimpleNamespace(num_scheduled_tokens={"plain": 4, "json": 4})
+    drafts = DraftTokenIds(["plain", "json"], [[0, 0, 0], [0, 0, 0]])
+    sched._ppspec_apply_drafts(drafts, batch, stale=set(), placeholders=True)
+    sched._ppspec_apply_drafts(drafts, batch, stale=set(), placeholders=False)
+    assert [d.req_ids for d in applied] == [["plain"], ["plain", "json"]]
+
+
+def test_placeholders_are_marked_on_the_output_through_pickle():
+    import pickle
+
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    from vllm_ppspec.sched.draft_delivery import placeholders_attached
+
+    out = ModelRunnerOutput(req_ids=["a"], req_id_to_index={"a": 0}, sampled_token_ids=[[7]])
+    attach_drafts(out, DraftTokenIds(["a"], [[0, 0, 0]]), placeholders=True)
+    back = pickle.loads(pickle.dumps(out))
+    assert placeholders_attached(back) and attached_drafts(back).draft_token_ids == [[0, 0, 0]]
+    plain = ModelRunnerOutput(req_ids=["a"], req_id_to_index={"a": 0}, sampled_token_ids=[[7]])
+    attach_drafts(plain, DraftTokenIds(["a"], [[1, 2, 3]]))
+    assert not placeholders_attached(pickle.loads(pickle.dumps(plain)))

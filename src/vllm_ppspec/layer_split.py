@@ -22,8 +22,10 @@ target layers).
 * a target layer: its weights (attention, MLP; a MoE layer's routed and
   shared experts per token);
 * the target's LM head (last stage): vocabulary x hidden;
-* the drafter (last stage): a model drafter's k passes, each its layers and its
-  LM head; medusa's k heads; ngram, suffix and a user's proposer class none.
+* the drafter (last stage, or the first where the draft model runs there:
+  runner/drafter/first_stage.py): a model drafter's k passes, each its layers
+  and its LM head; medusa's k heads; ngram, suffix and a user's proposer class
+  none.
 
 A split is allowed only if no stage holds more weights than the heaviest stage
 of vLLM's even split, so a model that fits evenly still fits. The estimate is
@@ -59,9 +61,10 @@ class Stages:
 
     layer_work: float
     layer_weights: float
-    last_work: float  # the LM head and the drafter
+    last_work: float  # the LM head, and the drafter unless it runs on the first stage
     last_weights: float
-    first_weights: float  # the embedding
+    first_weights: float  # the embedding, and the drafter where it runs there
+    first_work: float = 0.0  # the drafter where it runs on the first stage
 
 
 def even_split(num_layers: int, pp: int) -> list[int]:
@@ -88,6 +91,7 @@ def choose(
 
     def work(split: list[int]) -> float:
         loads = [n * stages.layer_work for n in split]
+        loads[0] += stages.first_work
         loads[-1] += stages.last_work
         return max(loads)
 
@@ -101,9 +105,12 @@ def choose(
         return sum(abs(a - b) for a, b in zip(split, even, strict=True))
 
     limit = weights(even) * (1 + 1e-9) if weight_limit else float("inf")
-    candidates = [even] + [
-        _spread(num_layers - last, pp - 1) + [last] for last in range(1, num_layers - pp + 2)
-    ]
+    ends = range(1, num_layers - pp + 2)
+    candidates = (
+        [even]
+        + [_spread(num_layers - last, pp - 1) + [last] for last in ends]
+        + [[first] + _spread(num_layers - first, pp - 1) for first in ends]
+    )
     allowed = [s for s in candidates if weights(s) <= limit]
     return min(allowed, key=lambda s: (work(s), distance(s)))
 
@@ -185,6 +192,15 @@ def estimate(vllm_config: Any) -> Stages | None:
     if sizes is None or hidden is None or vocab is None or drafter is None or k <= 0:
         return None
     head = vocab * hidden
+    if drafter_on_first_stage(vllm_config):
+        return Stages(
+            layer_work=sizes[0],
+            layer_weights=sizes[1],
+            last_work=head,
+            last_weights=head,
+            first_weights=head + drafter[1],
+            first_work=drafter[0],
+        )
     return Stages(
         layer_work=sizes[0],
         layer_weights=sizes[1],
@@ -192,6 +208,23 @@ def estimate(vllm_config: Any) -> Stages | None:
         last_weights=head + drafter[1],
         first_weights=head,
     )
+
+
+def drafter_on_first_stage(vllm_config: Any) -> bool:
+    """The draft model runs on the first stage (runner/drafter/first_stage.py decides
+    from the same facts)."""
+    from vllm_ppspec import policy
+
+    spec = vllm_config.speculative_config
+    scheduler = getattr(vllm_config, "scheduler_config", None)
+    parallel = getattr(vllm_config, "parallel_config", None)
+    why = policy.drafter_placement(
+        str(spec.method),
+        bool(getattr(spec, "parallel_drafting", False)),
+        not getattr(scheduler, "async_scheduling", False),
+        int(getattr(parallel, "data_parallel_size", 1)),
+    )
+    return why is None
 
 
 def split_for(vllm_config: Any, weight_limit: bool = True) -> tuple[list[int], list[int]] | None:
@@ -248,12 +281,13 @@ def apply(vllm_config: Any) -> str | None:
     _set_here = value
     logger.info(
         "vllm-ppspec: target layers split %s over %d PP stages instead of vLLM's %s: the "
-        "last stage also runs the LM head over k+1 positions and the %s drafter; set %s "
-        "to choose the split%s",
+        "last stage also runs the LM head over k+1 positions, and the %s drafter runs on "
+        "the %s stage; set %s to choose the split%s",
         value,
         len(split),
         ",".join(str(n) for n in even),
         vllm_config.speculative_config.method,
+        "first" if drafter_on_first_stage(vllm_config) else "last",
         ENV,
         _hint(vllm_config, split),
     )

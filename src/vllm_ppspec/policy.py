@@ -30,6 +30,10 @@ ONE_BATCH_ENV = "VLLM_PPSPEC_ONE_BATCH"
 # (sched/adaptive_k.py, patches/config/adaptive_k.py).
 ADAPTIVE_K_ENV = "VLLM_PPSPEC_ADAPTIVE_K"
 
+# Where a draft model runs under sync scheduling: "last" (vLLM's place) or
+# "first" (runner/drafter/first_stage.py).
+DRAFTER_STAGE_ENV = "VLLM_PPSPEC_DRAFTER_STAGE"
+
 SCHEDULER_QUALNAME = "vllm_ppspec.sched.filled.PPSpecScheduler"
 LANE_SCHEDULER_QUALNAME = "vllm_ppspec.sched.lanes.PPSpecLaneScheduler"
 
@@ -79,3 +83,23 @@ def scheduler_serves(cls: object, mode: Mode) -> bool:
     """Whether scheduler class ``cls`` is the plugin's for ``mode`` (or a
     subclass): the plugin's schedulers name their mode in ``ppspec_mode``."""
     return isinstance(cls, type) and getattr(cls, "ppspec_mode", None) is mode
+
+
+def drafter_placement(
+    spec_method: str, parallel_drafting: bool, sync: bool, dp_size: int
+) -> str | None:
+    """Why the drafter stays on the last stage, or None if it runs on the first
+    (``VLLM_PPSPEC_DRAFTER_STAGE=first``, a draft model drafting one token a pass,
+    sync scheduling, DP = 1)."""
+    wanted = os.environ.get(DRAFTER_STAGE_ENV, "last").strip().lower()
+    if wanted not in ("first", "last"):
+        raise ValueError(f"{DRAFTER_STAGE_ENV}={wanted!r}: expected 'first' or 'last'")
+    if wanted == "last":
+        return f"{DRAFTER_STAGE_ENV} is not 'first'"
+    if spec_method != "draft_model" or parallel_drafting:
+        return "only a draft model drafting one token a pass runs on the first stage"
+    if not sync:
+        return "async scheduling keeps the drafter on the last stage"
+    if dp_size > 1:
+        return "data parallelism keeps the drafter on the last stage"
+    return None

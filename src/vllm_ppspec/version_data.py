@@ -73,6 +73,13 @@ UNPATCHED_NAMES: tuple[tuple[str, str], ...] = (
     ("vllm.v1.spec_decode.draft_model", "DraftModelProposer._maybe_share_embeddings"),
     # The drafter's class (its instance's methods wrapped: runner/drafter/).
     ("vllm.v1.spec_decode.llm_base_proposer", "SpecDecodeBaseProposer"),
+    # A draft model on the first stage (runner/drafter/first_stage.py): built there,
+    # called with metadata the plugin builds for the tokens its KV cache lacks.
+    ("vllm.v1.spec_decode.draft_model", "DraftModelProposer"),
+    ("vllm.v1.spec_decode.llm_base_proposer", "SpecDecodeBaseProposer.initialize_attn_backend"),
+    ("vllm.v1.attention.backend", "CommonAttentionMetadata"),
+    ("vllm.v1.worker.gpu_input_batch", "InputBatch.update_req_spec_token_ids"),
+    ("vllm.v1.worker.block_table", "BlockTable.get_numpy_array"),
     # The envs cache dropped while VLLM_PP_LAYER_PARTITION is hidden from the
     # drafter's build (drafter.scope.target_partition_hidden).
     ("vllm.envs", "_is_envs_cache_enabled"),

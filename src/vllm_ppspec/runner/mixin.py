@@ -65,7 +65,7 @@ from vllm.v1.worker.gpu_model_runner import GPUModelRunner  # noqa: E402
 from vllm_ppspec.policy import Mode, mode_of  # noqa: E402
 from vllm_ppspec.protocol import faults  # noqa: E402
 from vllm_ppspec.runner.clocks import Clocks  # noqa: E402
-from vllm_ppspec.runner.drafter import dp_hook, eagle3  # noqa: E402
+from vllm_ppspec.runner.drafter import dp_hook, eagle3, first_stage  # noqa: E402
 from vllm_ppspec.runner.drafter.embedding_handover import give_drafter_the_target_embedding  # noqa: E402
 from vllm_ppspec.runner.drafter.scope import isolate_drafter  # noqa: E402
 from vllm_ppspec.runner.drafter.suffix_requests import SuffixRequests, for_drafter  # noqa: E402
@@ -98,6 +98,7 @@ class PPSpecRunnerMixin:
     _ppspec_step_count: int = 0  # execute_model calls on this rank
     _ppspec_state: StepState = StepState(-1, None)  # the step now between its hooks
     _ppspec_suffix: SuffixRequests | None = None  # the last rank's suffix drafter
+    _ppspec_drafter_first = False  # the draft model runs on the first stage
 
     @property
     def ppspec_active(self) -> bool:
@@ -138,9 +139,14 @@ class PPSpecRunnerMixin:
         if mode is Mode.OFF:
             return
         check_engine_mode(self.vllm_config, mode)  # type: ignore[attr-defined]
+        # The draft model on the first stage (sync mode): decided from config and
+        # environment, compared across ranks with the rest of the fingerprint.
+        first = first_stage.set_up(self, mode is Mode.SYNC, pp)
+        self._ppspec_drafter_first = first is not False
         # The plugin's first collective: every PP rank was started the same way
         # (one host or several), or every rank refuses (health/startup_check.py).
-        agree(pp.cpu_group, fingerprint(self, mode.value))
+        placed = "drafter on the first stage" if self._ppspec_drafter_first else "drafter last"
+        agree(pp.cpu_group, fingerprint(self, f"{mode.value}, {placed}"))
         RunnerView.check(self)
         fault = faults.Faults.from_env()
         if fault.any():
@@ -155,8 +161,10 @@ class PPSpecRunnerMixin:
             fault=fault,
             clocks=self.ppspec_clocks,
             view=self._ppspec_view,
+            drafter_first=self._ppspec_drafter_first,
+            catch_up=first if isinstance(first, first_stage.DraftCatchUp) else None,
         )
-        if is_last:
+        if is_last and not self._ppspec_drafter_first:
             isolate_drafter(self.drafter)  # type: ignore[attr-defined]
             self._ppspec_suffix = for_drafter(
                 self.drafter,  # type: ignore[attr-defined]
@@ -229,10 +237,13 @@ class PPSpecRunnerMixin:
     # Load time: the target's embedding for the drafter; EAGLE-3 states.
     # ------------------------------------------------------------------
     def load_model(self, *args: Any, **kwargs: Any) -> Any:
-        result = super().load_model(*args, **kwargs)  # type: ignore[misc]
+        pp = get_pp_group()
+        # With the draft model on the first stage the last rank's stays unloaded.
+        unloaded = self._ppspec_drafter_first and pp.is_last_rank
+        with first_stage.drafter_unloaded(self, unloaded):
+            result = super().load_model(*args, **kwargs)  # type: ignore[misc]
         if self.ppspec_active:
-            pp = get_pp_group()
-            give_drafter_the_target_embedding(self, pp, pp.is_last_rank)
+            give_drafter_the_target_embedding(self, pp, pp.is_last_rank and not unloaded)
         return result
 
     def _setup_eagle3_aux_hidden_state_outputs(self) -> None:
@@ -261,7 +272,8 @@ class PPSpecRunnerMixin:
         clocks, steps, view = self.ppspec_clocks, self._ppspec_steps, self._ppspec_view
         if scheduler_output.total_num_scheduled_tokens > 0:
             clocks.steps += 1
-        state = self._ppspec_state = StepState(self._ppspec_step_count, scheduler_output)
+        state = StepState(self._ppspec_step_count, scheduler_output, received=intermediate_tensors)
+        self._ppspec_state = state
         self._ppspec_step_count += 1
         with clocks.timing("total_step_s"):
             steps.before_execute(view, state)

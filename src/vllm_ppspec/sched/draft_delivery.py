@@ -16,10 +16,13 @@ from __future__ import annotations
 from typing import Any
 
 DRAFTS_ATTR = "ppspec_draft_token_ids"
+PLACEHOLDERS_ATTR = "ppspec_placeholder_drafts"
 
 
-def attach_drafts(output: Any, drafts: Any) -> None:
-    """Attach ``drafts`` (vLLM ``DraftTokenIds``) to a batch's runner output."""
+def attach_drafts(output: Any, drafts: Any, placeholders: bool = False) -> None:
+    """Attach ``drafts`` (vLLM ``DraftTokenIds``) to a batch's runner output;
+    ``placeholders``: draft slots the first stage fills in the next step
+    (``runner/drafter/first_stage.py``)."""
     if drafts is None or output is None:
         return
     from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT
@@ -27,8 +30,15 @@ def attach_drafts(output: Any, drafts: Any) -> None:
     if output is EMPTY_MODEL_RUNNER_OUTPUT:  # a shared singleton: never mutate it
         raise RuntimeError("vllm-ppspec: drafts proposed for a batch without output")
     setattr(output, DRAFTS_ATTR, drafts)
+    if placeholders:
+        setattr(output, PLACEHOLDERS_ATTR, True)
 
 
 def attached_drafts(output: Any) -> Any:
     """The drafts attached to a runner output, or None."""
     return getattr(output, DRAFTS_ATTR, None)
+
+
+def placeholders_attached(output: Any) -> bool:
+    """The attached drafts are slots for the first stage's drafts."""
+    return bool(getattr(output, PLACEHOLDERS_ATTR, False))

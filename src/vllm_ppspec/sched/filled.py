@@ -34,7 +34,7 @@ from vllm.v1.request import RequestStatus
 
 from vllm_ppspec.policy import Mode
 from vllm_ppspec.sched import adaptive_k
-from vllm_ppspec.sched.draft_delivery import attached_drafts
+from vllm_ppspec.sched.draft_delivery import attached_drafts, placeholders_attached
 
 logger = init_logger("vllm.ppspec")
 
@@ -108,12 +108,20 @@ class PPSpecScheduler(Scheduler):
         self.ppspec_batches.processed(scheduler_output)
         drafts = attached_drafts(model_runner_output)
         if drafts is not None:
-            self._ppspec_apply_drafts(drafts, scheduler_output, stale)
+            placeholders = placeholders_attached(model_runner_output)
+            self._ppspec_apply_drafts(drafts, scheduler_output, stale, placeholders)
         return outputs
 
     def _ppspec_apply_drafts(
-        self, drafts: DraftTokenIds, scheduler_output: Any, stale: set[str]
+        self,
+        drafts: DraftTokenIds,
+        scheduler_output: Any,
+        stale: set[str],
+        placeholders: bool = False,
     ) -> None:
+        """``placeholders``: slots the first stage drafts into
+        (runner/drafter/first_stage.py); a grammar cannot check them, so a
+        request with structured output gets none."""
         req_ids: list[str] = []
         draft_ids: list[list[int]] = []
         for req_id, ids in zip(drafts.req_ids, drafts.draft_token_ids, strict=True):
@@ -124,6 +132,7 @@ class PPSpecScheduler(Scheduler):
                 or request is None
                 or request.status != RequestStatus.RUNNING
                 or request.num_in_flight_tokens > 0  # another batch holds it
+                or (placeholders and request.use_structured_output)
             ):
                 continue
             req_ids.append(req_id)

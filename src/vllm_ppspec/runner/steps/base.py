@@ -42,6 +42,7 @@ class StepState:
     index: int  # execute_model calls on this rank before this one (the same on every rank)
     scheduler_output: Any
     rows: Any = None  # lanes: this step's rows, recorded after its forward
+    received: Any = None  # the intermediate tensors vLLM received for this step (not first rank)
 
 
 class Part:

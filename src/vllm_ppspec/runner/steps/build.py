@@ -13,6 +13,10 @@ mode       last rank                                        other ranks
 =========  ===============================================  ======================
 ``OFF``    ``Steps()``: no part                             the same
 ``SYNC``   ``DeliverDrafts``                                ``RestoreOutputTokens``
+``SYNC``,  ``ReceiveDrafts``, ``DeliverDrafts``             first: ``FirstStage-``
+drafter    (placeholders)                                   ``Drafter``; middle:
+first                                                       ``ReceiveDrafts``; both
+                                                            ``RestoreOutputTokens``
 ``LANES``  ``LaneSender``                                   ``LaneReceiver``,
                                                             ``RestoreOutputTokens``
 ``EXTER-`` ``SendRound``                                    ``ExternalReceiverSteps``
@@ -31,8 +35,10 @@ from vllm_ppspec.policy import Mode, scheduler_of, scheduler_serves
 from vllm_ppspec.protocol import faults
 from vllm_ppspec.protocol.rounds import RoundChannel
 from vllm_ppspec.runner.clocks import Clocks
+from vllm_ppspec.runner.drafter.first_stage import DraftCatchUp
 from vllm_ppspec.runner.steps.base import ActiveSteps, Part, Steps, StepState
 from vllm_ppspec.runner.steps.external import ExternalReceiverSteps, RoundBroadcast, SendRound
+from vllm_ppspec.runner.steps.first_stage import FirstStageDrafter, ReceiveDrafts
 from vllm_ppspec.runner.steps.hybrid import RestoreAcceptedCounts
 from vllm_ppspec.runner.steps.lanes import LaneReceiver, LaneSender
 from vllm_ppspec.runner.steps.relay import RelayEagle3
@@ -65,8 +71,12 @@ def build_steps(
     fault: faults.Faults,
     clocks: Clocks,
     view: RunnerView,
+    drafter_first: bool = False,
+    catch_up: DraftCatchUp | None = None,
 ) -> Steps:
-    """The steps object of ``mode`` for PP rank ``pp.rank_in_group``."""
+    """The steps object of ``mode`` for PP rank ``pp.rank_in_group``.
+    ``drafter_first`` (sync mode): the drafter runs on the first stage
+    (runner/drafter/first_stage.py), ``catch_up`` its state there."""
     if mode is Mode.OFF:
         return Steps()
     is_last = pp.is_last_rank
@@ -76,7 +86,15 @@ def build_steps(
         if is_last:
             return ActiveSteps(mode, [SendRound(broadcast)], hides_drafter=False)
         return ExternalReceiverSteps([], broadcast)
-    if mode is Mode.SYNC:
+    drafter_first = drafter_first and mode is Mode.SYNC
+    if drafter_first:
+        if pp.is_first_rank:
+            assert catch_up is not None
+            parts.append(FirstStageDrafter(catch_up, k, clocks))
+        else:
+            parts.append(ReceiveDrafts(passes_on=not is_last))
+        parts.append(DeliverDrafts(placeholders=True) if is_last else RestoreOutputTokens())
+    elif mode is Mode.SYNC:
         parts.append(DeliverDrafts() if is_last else RestoreOutputTokens())
     else:
         # One message per round, last rank to the others, of a static size; every
@@ -103,7 +121,8 @@ def build_steps(
         parts.append(RelayEagle3())
     if fault.kind == "raise" and not is_last:
         parts.append(RaiseAt(fault.at_step))
-    return ActiveSteps(mode, parts, hides_drafter=not is_last)
+    holds_drafter = pp.is_first_rank if drafter_first else is_last
+    return ActiveSteps(mode, parts, hides_drafter=not holds_drafter)
 
 
 class RaiseAt(Part):

@@ -24,10 +24,14 @@ class RestoreOutputTokens(Part):
 
 class DeliverDrafts(Part):
     """Last rank, sync mode: each batch's drafts attached to its output (``after_sample``;
-    :func:`vllm_ppspec.sched.draft_delivery.attach_drafts`)."""
+    :func:`vllm_ppspec.sched.draft_delivery.attach_drafts`); ``placeholders``: the
+    first stage drafts (vLLM's zero drafts of a rank without a drafter are the slots)."""
+
+    def __init__(self, placeholders: bool = False) -> None:
+        self.placeholders = placeholders
 
     def after_sample(self, view: RunnerView, state: Any, output: Any) -> None:
-        attach_drafts(output, view.take_drafts())
+        attach_drafts(output, view.take_drafts(), self.placeholders)
 
 
 def restore_output_tokens(requests: dict[str, Any], scheduler_output: Any) -> None:

@@ -1,0 +1,71 @@
+"""End to end: the draft model on the first PP stage (``VLLM_PPSPEC_DRAFTER_STAGE=first``).
+
+runner/drafter/first_stage.py: under sync scheduling the first rank drafts at
+the start of each step, the drafts travel with the intermediate tensors, the
+last rank verifies them and proposes placeholders only. Oracle: PP=1 without
+spec (vLLM's own worker). The copy drafter must be accepted exactly as planted
+(placeholders or drafts lost on the way would be rejected: the target never
+emits token 0 here), the random one mostly rejected; the drafter's weights are
+on the first rank and on no other. Async scheduling keeps the drafter on the
+last stage and says why.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.acceptance import check_acceptance
+from tests.engine_jobs import job, run_job
+from vllm_ppspec_tools.fixtures.probes import checkpoint_embedding_digest
+from vllm_ppspec_tools.fixtures.spec_configs import tiny_spec
+
+pytestmark = pytest.mark.e2e
+
+K = 3
+FIRST = {"VLLM_PPSPEC_DRAFTER_STAGE": "first"}
+ON_FIRST = "the draft model runs on the first PP stage"
+
+
+@pytest.mark.parametrize("drafter,pp", [("draft_copy", 2), ("draft_copy", 3), ("draft_random", 2)])
+def test_a_draft_model_on_the_first_stage_matches_pp1_without_spec(pp1_greedy, models, drafter, pp):
+    target, spec = tiny_spec(models, drafter, K)
+    res = run_job(
+        job(
+            models[target],
+            pp=pp,
+            spec=spec,
+            env=FIRST,
+            probe_drafter_embedding=True,
+            probe_target_layers=True,
+        )
+    )
+    assert res.returncode == 0, res.log[-8000:]
+    assert res.outputs == pp1_greedy[target]
+    check_acceptance(drafter, res.result["spec"])
+    assert res.log.count(ON_FIRST) == 1, res.log[-4000:]
+    digests = res.result["probes"]["drafter_embedding_digest"]
+    assert digests == [checkpoint_embedding_digest(spec["model"])] + [None] * (pp - 1), digests
+    # The split follows the drafter: the last stage holds at least vLLM's share.
+    layers = [end - start for start, end in res.result["probes"]["target_layers"]]
+    assert sum(layers) == 4 and layers[-1] >= layers[0], layers
+
+
+def test_async_scheduling_keeps_the_drafter_on_the_last_stage_and_says_why(pp1_greedy, models):
+    target, spec = tiny_spec(models, "draft_copy", K)
+    res = run_job(
+        job(
+            models[target],
+            pp=2,
+            spec=spec,
+            async_scheduling=True,
+            env=FIRST,
+            probe_drafter_embedding=True,
+        )
+    )
+    assert res.returncode == 0, res.log[-8000:]
+    assert res.outputs == pp1_greedy[target]
+    check_acceptance("draft_copy", res.result["spec"])
+    assert "the drafter runs on the last stage: async scheduling" in res.log
+    assert ON_FIRST not in res.log
+    digests = res.result["probes"]["drafter_embedding_digest"]
+    assert digests == [None, checkpoint_embedding_digest(spec["model"])], digests

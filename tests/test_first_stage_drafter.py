@@ -1,0 +1,180 @@
+"""The draft model on the first stage, without an engine (runner/drafter/first_stage.py).
+
+Where it runs (policy.drafter_placement), the drafts' wire format, where they
+are written, and the drafter's catch-up: which tokens each call gets, at which
+positions and slots, for a prefill chunk, a first decode step, a round with
+every draft accepted and one with a rejection. A stand-in drafter records its
+calls; the engine tests (test_e2e_drafter_first.py) run the real one.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from vllm_ppspec import policy
+from vllm_ppspec.runner.drafter import first_stage as fs
+
+
+@pytest.mark.parametrize(
+    "env,method,parallel,sync,dp,why",
+    [
+        (None, "draft_model", False, True, 1, "is not 'first'"),
+        ("last", "draft_model", False, True, 1, "is not 'first'"),
+        ("first", "draft_model", False, True, 1, None),
+        ("First ", "draft_model", False, True, 1, None),
+        ("first", "eagle3", False, True, 1, "only a draft model"),
+        ("first", "draft_model", True, True, 1, "only a draft model"),
+        ("first", "draft_model", False, False, 1, "async scheduling"),
+        ("first", "draft_model", False, True, 2, "data parallelism"),
+    ],
+)
+def test_where_the_drafter_runs(monkeypatch, env, method, parallel, sync, dp, why):
+    if env is None:
+        monkeypatch.delenv(policy.DRAFTER_STAGE_ENV, raising=False)
+    else:
+        monkeypatch.setenv(policy.DRAFTER_STAGE_ENV, env)
+    got = policy.drafter_placement(method, parallel, sync, dp)
+    assert got is None if why is None else why in got
+
+
+def test_a_bad_stage_names_the_variable(monkeypatch):
+    monkeypatch.setenv(policy.DRAFTER_STAGE_ENV, "middle")
+    with pytest.raises(ValueError, match="VLLM_PPSPEC_DRAFTER_STAGE='middle'.*'first' or 'last'"):
+        policy.drafter_placement("draft_model", False, True, 1)
+
+
+def test_drafts_travel_padded_and_come_back_by_request():
+    wire = fs.encode({"a": [5, 6, 7], "b": [8]}, 3)
+    assert wire.tolist() == [2, 3, 5, 6, 7, 8, -1, -1]
+    assert fs.decode(wire, ["a", "b"]) == {"a": [5, 6, 7], "b": [8]}
+    assert fs.encode({}, 3).tolist() == [0, 3]  # never empty: a tensor dict drops those
+    with pytest.raises(RuntimeError, match="drafted for 2 requests, this step has 1"):
+        fs.decode(wire, ["a"])
+    assert fs.with_slots({"a": [0, 0], "b": [], "c": [0]}) == ["a", "c"]
+
+
+def _batch(rows: dict[str, list[int]], computed: dict[str, int], block_size: int = 4):
+    """An input batch of ``rows`` (token ids); row i's j-th block is 10 * i + 2 * j + 3."""
+    width = 64
+    tokens = np.zeros((len(rows), width), dtype=np.int32)
+    for i, ids in enumerate(rows.values()):
+        tokens[i, : len(ids)] = ids
+    blocks = np.array(
+        [[10 * i + 2 * j + 3 for j in range(width // block_size)] for i in range(len(rows))]
+    )
+    table = SimpleNamespace(block_size=block_size, get_numpy_array=lambda: blocks)
+    return SimpleNamespace(
+        req_id_to_index={r: i for i, r in enumerate(rows)},
+        token_ids_cpu=tokens,
+        num_tokens_no_spec=np.array([len(ids) for ids in rows.values()]),
+        num_computed_tokens_cpu=np.array([computed[r] for r in rows]),
+        spec_token_ids=[[] for _ in rows],
+        block_table=[table],
+    )
+
+
+class StandInDrafter:
+    kv_cache_gid = 0
+
+    def __init__(self) -> None:
+        self.calls: list[dict] = []
+
+    def propose(self, k, token_ids, positions, hidden, next_ids, sample_at, cad, sampling):
+        assert hidden is None and sample_at is None and sampling.all_greedy
+        self.calls.append(
+            {
+                "k": k,
+                "tokens": token_ids.tolist(),
+                "positions": positions.tolist(),
+                "next": next_ids.tolist(),
+                "query_start": cad.query_start_loc_cpu.tolist(),
+                "seq_lens": cad.seq_lens.tolist(),
+                "slots": cad.slot_mapping.tolist(),
+            }
+        )
+        return torch.tensor([[100 + i * 10 + j for j in range(k)] for i in range(len(next_ids))])
+
+
+def _runner(batch):
+    return SimpleNamespace(drafter=StandInDrafter(), input_batch=batch, device="cpu")
+
+
+def _step(scheduled: dict[str, int], spec: dict[str, list[int]], finished=()):
+    return SimpleNamespace(
+        num_scheduled_tokens=scheduled,
+        scheduled_spec_decode_tokens=spec,
+        finished_req_ids=set(finished),
+        total_num_scheduled_tokens=sum(scheduled.values()),
+    )
+
+
+def test_a_prefill_chunk_fills_the_drafters_cache_without_drafting():
+    prompt = [1, 2, 3, 4, 5, 6]
+    runner = _runner(_batch({"p": prompt}, {"p": 0}))
+    catch_up = fs.DraftCatchUp(runner)
+    assert catch_up.step(_step({"p": 6}, {})) == {}
+    (call,) = runner.drafter.calls
+    # Positions 0..4 as the target's tokens, position 5 as the next: all six in the cache.
+    assert call["k"] == 0 and call["tokens"] == [1, 2, 3, 4, 5] and call["next"] == [6]
+    assert call["positions"] == [0, 1, 2, 3, 4] and call["seq_lens"] == [5]
+    # Blocks 3 and 5 of 4 slots: positions 0-3 in block 3, position 4 in block 5.
+    assert call["slots"] == [12, 13, 14, 15, 20]
+    assert catch_up.valid == {"p": 6}
+
+
+def test_decode_rounds_draft_from_the_last_token_and_catch_up_what_was_accepted():
+    # Prompt of 6, first token 7 sampled: the scheduler sends [7] + 3 slots.
+    batch = _batch({"r": [1, 2, 3, 4, 5, 6, 7]}, {"r": 6})
+    runner = _runner(batch)
+    catch_up = fs.DraftCatchUp(runner)
+    catch_up.valid["r"] = 6  # the prompt went in with the prefill
+    spec = {"r": [0, 0, 0]}
+    drafts = catch_up.step(_step({"r": 4}, spec))
+    assert drafts == {"r": [100, 101, 102]}
+    call = runner.drafter.calls[-1]
+    # At least the token before the last one (position 5), and 7 at position 6.
+    assert call["k"] == 3 and call["tokens"] == [6] and call["positions"] == [5]
+    assert call["next"] == [7] and call["seq_lens"] == [6]
+    fs.write_drafts(SimpleNamespace(input_batch=batch), drafts, spec)
+    assert batch.token_ids_cpu[0, 7:10].tolist() == [100, 101, 102]
+    assert batch.spec_token_ids[0] == [100, 101, 102]
+
+    # Every draft accepted, bonus 55 at position 10. vLLM's _update_states on a
+    # non-last rank fills positions 7..10 with the one new token: the first
+    # stage puts its accepted drafts back, and catches up the third (never fed).
+    batch.token_ids_cpu[0, 7:11] = 55
+    batch.num_computed_tokens_cpu[0] = 10
+    batch.num_tokens_no_spec[0] = 11
+    catch_up.step(_step({"r": 4}, spec))
+    assert batch.token_ids_cpu[0, 7:11].tolist() == [100, 101, 102, 55]
+    call = runner.drafter.calls[-1]
+    assert call["tokens"] == [102] and call["positions"] == [9] and call["next"] == [55]
+
+    # One draft accepted (120), then 66 at position 12: the rejected draft's
+    # cache entry (position 12) is overwritten by the pass over 66.
+    batch.token_ids_cpu[0, 11:13] = 66
+    batch.num_computed_tokens_cpu[0] = 12
+    batch.num_tokens_no_spec[0] = 13
+    catch_up.step(_step({"r": 4}, spec))
+    assert batch.token_ids_cpu[0, 11:13].tolist() == [100, 66]  # 100: its accepted draft
+    call = runner.drafter.calls[-1]
+    assert call["tokens"] == [100] and call["positions"] == [11] and call["next"] == [66]
+
+
+def test_finished_requests_are_forgotten():
+    batch = _batch({"r": [1, 2, 3, 4]}, {"r": 3})
+    catch_up = fs.DraftCatchUp(_runner(batch))
+    catch_up.step(_step({"r": 3}, {"r": [0, 0]}))
+    assert "r" in catch_up.valid and "r" in catch_up.drafted
+    catch_up.forget({"r"})
+    assert catch_up.valid == {} and catch_up.drafted == {}
+
+
+def test_a_draft_count_that_differs_from_the_slots_is_refused():
+    batch = _batch({"r": [1, 2, 3]}, {"r": 2})
+    with pytest.raises(RuntimeError, match="2 drafts for request r, it has 3 draft slots"):
+        fs.write_drafts(SimpleNamespace(input_batch=batch), {"r": [1, 2]}, {"r": [0, 0, 0]})
