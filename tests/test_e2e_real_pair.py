@@ -11,8 +11,10 @@ PP=1 with the same drafter: the plugin must accept at least that many drafts,
 less :data:`MARGIN` of the drafts (the drafts of a batch of another shape can
 turn on float near-ties; measured: equal, 138 of 174 sync and async alike).
 
-Four engines, about four minutes on two cores; in the full run, and alone
-with ``bash scripts/test.sh --real-pair``.
+Five engines, about five minutes on two cores; in the full run, and alone
+with ``bash scripts/test.sh --real-pair``. The draft model runs on the last
+stage (vLLM's place) and, under sync scheduling, on the first
+(``VLLM_PPSPEC_DRAFTER_STAGE=first``).
 """
 
 from __future__ import annotations
@@ -69,18 +71,34 @@ def pp1_drafter_acceptance(pair):
     return res.result["spec"]
 
 
-@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize(
+    "mode,drafter_stage", [("sync", "last"), ("async", "last"), ("sync", "first")]
+)
 def test_real_pair_pp2_matches_pp1_and_accepts_as_vllm_does(
-    pair, pp1_without_spec, pp1_drafter_acceptance, mode
+    pair, pp1_without_spec, pp1_drafter_acceptance, mode, drafter_stage
 ):
-    res = _run(pair, worker="auto", pp=2, spec=pair["spec"], async_scheduling=(mode == "async"))
+    """``drafter_stage``: where the 0.5B runs (VLLM_PPSPEC_DRAFTER_STAGE;
+    runner/drafter/first_stage.py): on the first stage its drafts travel to the
+    last with each step's tensors, so a lost or misplaced draft is rejected."""
+    res = _run(
+        pair,
+        worker="auto",
+        pp=2,
+        spec=pair["spec"],
+        async_scheduling=(mode == "async"),
+        env={"VLLM_PPSPEC_DRAFTER_STAGE": drafter_stage},
+    )
     assert AUTO_NOTICE in res.log, res.log[-4000:]  # the plain line selected the plugin
+    on_first = "the draft model runs on the first PP stage" in res.log
+    assert on_first == (drafter_stage == "first"), res.log[-4000:]
     differ = [
         i for i, (a, b) in enumerate(zip(res.outputs, pp1_without_spec, strict=True)) if a != b
     ]
     assert not differ, f"requests differing from PP=1 without spec: {differ}"
     stats, ref = res.result["spec"], pp1_drafter_acceptance
-    print(f"PP=2 {mode}: accepted {stats['accepted']} of {stats['drafts']}; PP=1 (vLLM): {ref}")
+    print(
+        f"PP=2 {mode}, drafter {drafter_stage}: accepted {stats['accepted']} of {stats['drafts']}; PP=1 (vLLM): {ref}"
+    )
     assert stats["drafts"] > 0 and ref["drafts"] > 0
     assert stats["accepted"] / stats["drafts"] >= ref["accepted"] / ref["drafts"] - MARGIN, (
         stats,
