@@ -400,6 +400,15 @@ def test_a_draft_configuration_runs_the_workloads_draft_model():
     assert "--worker-cls" not in bs.serve_args(k2, "/t", 3, "/d")
     with pytest.raises(SystemExit, match="needs a workload with a drafter"):
         bs.serve_args(pp1, "/target")  # SmolLM2's workload has no drafter
+    # "first": the draft model on the first PP stage (runner/drafter/first_stage.py).
+    _, first, first_k2 = bs.selected("pp2 draft first eager, pp2 draft k2 first adaptive K eager")
+    assert bs.serve_env(first)["VLLM_PPSPEC_DRAFTER_STAGE"] == "first"
+    assert first.describe()["drafter_stage"] == "first" and not first.adaptive
+    assert first_k2.k == 2 and first_k2.adaptive and first_k2.drafter_first
+    assert "VLLM_PPSPEC_DRAFTER_STAGE" not in bs.serve_env(adaptive)
+    for bad in ("pp1 draft first eager", "pp2 ngram first eager", "pp2 draft eager first"):
+        with pytest.raises(SystemExit, match="unknown configuration"):
+            bs.selected(bad)
 
 
 def test_stage_shares_are_each_ranks_clock_growth_over_the_wall_time():

@@ -153,7 +153,7 @@ def test_every_vllm_ppspec_variable_in_the_source_is_classified_once():
 MUST_AGREE = {
     "protocol": {"protocol": 1},
     "vLLM version": {"vllm": "0.32.9"},
-    "mode": {"mode": "sync"},
+    "mode": {"mode": "sync"},  # also: the draft model on another stage (runner/mixin.py)
     "pipeline_parallel_size": {"runner": {"pp": 3}},
     "speculative method": {"runner": {"method": "eagle"}},
     "num_speculative_tokens": {"runner": {"k": 4}},
@@ -171,6 +171,8 @@ HOST_LOCAL = {
     "VLLM_PPSPEC_DP_AGREE_TIMEOUT": "7",
     "VLLM_PPSPEC_PEER_KEEPALIVE_S": "20",
     "VLLM_PPSPEC_AUTO": "0",
+    # Read on every rank; where it moves the drafter, the mode field says so.
+    "VLLM_PPSPEC_DRAFTER_STAGE": "first",
     "VLLM_PPSPEC_CPU_COMPILED_CORRECTION": "1",
     "VLLM_PPSPEC_FAULT": "raise@3",
     "VLLM_PPSPEC_FAULT_SKIP_ACCEPTED_COUNTS": "1",

@@ -15,7 +15,8 @@ ngram k6 adaptive K compiled split=19:11``): that server runs with
 ``draft`` in ngram's place (``pp1 draft compiled``, ``pp2 draft adaptive K
 compiled``) runs ``draft_model`` with the workload's drafter: the real pair
 (``--model qwen-coder``: Qwen2.5-Coder-1.5B drafted by its 0.5B sibling;
-:data:`WORKLOADS`).
+:data:`WORKLOADS`); ``draft first`` (``pp2 draft first eager``) runs it on the
+first PP stage (``VLLM_PPSPEC_DRAFTER_STAGE=first``).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class Config:
     k: int | None = None  # the name's K; None: the run's ``-k`` (ngram), SUFFIX_K
     method: str = "ngram"
     split: str | None = None  # VLLM_PP_LAYER_PARTITION, where the name sets it
+    drafter_first: bool = False  # VLLM_PPSPEC_DRAFTER_STAGE=first ("draft first")
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -54,6 +56,7 @@ class Config:
             **({"k": self.k} if self.k is not None else {}),
             **({"method": self.method} if self.method != "ngram" else {}),
             **({"split": self.split} if self.split is not None else {}),
+            **({"drafter_stage": "first"} if self.drafter_first else {}),
         }
 
 
@@ -74,6 +77,7 @@ def _config(name: str) -> Config:
         "adaptive" in spec,
         k[0] if k else None,
         {"suffix": "suffix", "draft": "draft_model"}.get(spec.split()[0], "ngram"),
+        drafter_first=spec.startswith("draft first"),
     )
 
 
@@ -90,6 +94,10 @@ def variant(name: str) -> Config | None:
     ks = [w for w in words if _is_k(w) and int(w[1:]) >= 1]
     if len(ks) > 1 or (ks and words.index(ks[0]) != 2):
         return None
+    if "first" in words:  # the draft model on the first stage: "pp2 draft first ..."
+        if words[1] != "draft" or words.index("first") != 2 + len(ks) or words[0] == "pp1":
+            return None
+        words = [w for w in words if w != "first"]
     if words[1] == "ngram" and not ks:
         return None
     base = ["ngram" if w in ("suffix", "draft") else w for w in words if w not in ks]
@@ -191,6 +199,7 @@ def serve_env(cfg: Config) -> dict[str, str]:
     from vllm_ppspec_tools.fixtures.run_offline import cpu_env
 
     env = cpu_env(cfg.pp) | ({ADAPTIVE_ENV: "1"} if cfg.adaptive else {})
+    env |= {"VLLM_PPSPEC_DRAFTER_STAGE": "first"} if cfg.drafter_first else {}
     env |= {"VLLM_SERVER_DEV_MODE": "1"} if plugin_worker(cfg) else {}
     return env | ({SPLIT_ENV: cfg.split} if cfg.split else {})
 

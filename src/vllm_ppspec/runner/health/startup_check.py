@@ -66,6 +66,8 @@ HOST_LOCAL_SWITCHES: dict[str, str] = {
     "VLLM_PPSPEC_DP_AGREE_TIMEOUT": "how long this rank waits for its DP peers",
     "VLLM_PPSPEC_PEER_KEEPALIVE_S": "how soon this rank's peer watch gives up on a peer",
     "VLLM_PPSPEC_AUTO": "compared by the decision it leads to (patches/config/deployment_check.py)",
+    "VLLM_PPSPEC_DRAFTER_STAGE": "compared by the decision it leads to (the mode field names the "
+    "drafter's stage: runner/drafter/first_stage.py)",
     "VLLM_PPSPEC_CPU_COMPILED_CORRECTION": "the same correction, compiled or eager",
     "VLLM_PPSPEC_FAULT": "tests: a fault injected on this host's ranks",
     "VLLM_PPSPEC_FAULT_SKIP_ACCEPTED_COUNTS": "tests: a fault injected on this host's ranks",
