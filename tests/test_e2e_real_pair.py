@@ -96,9 +96,8 @@ def test_real_pair_pp2_matches_pp1_and_accepts_as_vllm_does(
     ]
     assert not differ, f"requests differing from PP=1 without spec: {differ}"
     stats, ref = res.result["spec"], pp1_drafter_acceptance
-    print(
-        f"PP=2 {mode}, drafter {drafter_stage}: accepted {stats['accepted']} of {stats['drafts']}; PP=1 (vLLM): {ref}"
-    )
+    got = f"accepted {stats['accepted']} of {stats['drafts']}"
+    print(f"PP=2 {mode}, drafter {drafter_stage}: {got}; PP=1 (vLLM): {ref}")
     assert stats["drafts"] > 0 and ref["drafts"] > 0
     assert stats["accepted"] / stats["drafts"] >= ref["accepted"] / ref["drafts"] - MARGIN, (
         stats,
