@@ -448,3 +448,31 @@ def test_peak_rss_is_read_for_every_process_of_the_group():
     finally:
         child.kill()
         child.wait()
+
+
+def test_the_details_give_latency_acceptance_stages_and_peak_memory():
+    run = {
+        "output_tok_s": 10.0,
+        "median_ttft_ms": 120.0,
+        "median_itl_ms": 80.0,
+        "spec": {"tokens_per_round": 3.5, "acceptance_by_position": [0.9, 0.8, 0.7]},
+        "stages": [{"busy": 0.6, "draft": 0.3}, {"busy": 0.9, "draft": 0.0}],
+    }
+    data = {
+        "runs": {"pp2 draft first eager": {"8": [run, {**run, "median_ttft_ms": 140.0}]}},
+        "peak_rss_mib": {
+            "pp2 draft first eager": [
+                {"VLLM::Worker:20": 3000.0, "VLLM::Worker:10": 5000.0, "vllm:5": 900.0},
+                {"VLLM::Worker:31": 3100.0, "VLLM::Worker:30": 4900.0, "vllm:7": 950.0},
+            ]
+        },
+    }
+    lines = rep.detail_lines(data)
+    assert lines[1] == (
+        "  pp2 draft first eager @8: TTFT 130; ITL 80; 3.50 tok/round [0.90 0.80 0.70]; "
+        "stages 0.60 (0.30) | 0.90 (0.00)"
+    )
+    # Workers by pid order within a repeat (the first PP rank starts first), largest over repeats.
+    assert lines[2] == (
+        "  pp2 draft first eager peak RSS MiB: VLLM::Worker 5000, VLLM::Worker#2 3100, vllm 950"
+    )

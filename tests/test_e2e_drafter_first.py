@@ -69,3 +69,24 @@ def test_async_scheduling_keeps_the_drafter_on_the_last_stage_and_says_why(pp1_g
     assert ON_FIRST not in res.log
     digests = res.result["probes"]["drafter_embedding_digest"]
     assert digests == [None, checkpoint_embedding_digest(spec["model"])], digests
+
+
+def test_a_draft_model_on_the_first_stage_follows_a_k_schedule_down_to_zero(pp1_greedy, models):
+    """K = 3 for a batch of one request, 0 (no draft slots) for larger ones: the
+    first stage drafts as many as the scheduler gave slots, and keeps its KV
+    cache filled through the rounds without drafts (a pass with K = 0), so the
+    copy drafter is still accepted every time it drafts."""
+    from tests.acceptance import planted_counts
+    from tests.engine_jobs import GREEDY_REQUESTS
+
+    target, spec = tiny_spec(
+        models, "draft_copy", K, num_speculative_tokens_per_batch_size=[[1, 1, K], [2, 64, 0]]
+    )
+    res = run_job(job(models[target], pp=2, spec=spec, env=FIRST))
+    assert res.returncode == 0, res.log[-8000:]
+    assert res.outputs == pp1_greedy[target]
+    assert res.log.count(ON_FIRST) == 1
+    got = res.result["spec"]
+    _, every_round = planted_counts("draft_copy", GREEDY_REQUESTS, K)
+    assert 0 < got["drafts"] < every_round, got  # rounds of K = 3 and of K = 0 ran
+    assert got["accepted"] == got["drafts"], got

@@ -239,6 +239,71 @@ def table_lines(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def detail_lines(data: dict[str, Any]) -> list[str]:
+    """Per configuration and load, medians over the repeats: TTFT and ITL (ms),
+    tokens per round and acceptance at each draft position, each PP stage's
+    share of the wall time in its steps (busy) and in the drafter; then each
+    configuration's peak resident memory per process (the largest over repeats)."""
+    lines = [
+        "per load (medians over repeats): TTFT ms, ITL ms; tokens/round, accepted by "
+        "position; per stage busy (drafter) share of the wall time"
+    ]
+
+    def med(values: list[float]) -> float:
+        return statistics.median(values) if values else float("nan")
+
+    for name, loads in data["runs"].items():
+        for load, recs in loads.items():
+            ok = [r for r in recs if "error" not in r]
+            if not ok:
+                continue
+            cells = [
+                f"TTFT {med([r.get('median_ttft_ms', float('nan')) for r in ok]):.0f}",
+                f"ITL {med([r.get('median_itl_ms', float('nan')) for r in ok]):.0f}",
+            ]
+            specs = [r["spec"] for r in ok if r.get("spec")]
+            if specs:
+                by_pos = [
+                    med([s["acceptance_by_position"][i] for s in specs])
+                    for i in range(len(specs[0]["acceptance_by_position"]))
+                ]
+                cells.append(
+                    f"{med([s['tokens_per_round'] for s in specs]):.2f} tok/round "
+                    + "["
+                    + " ".join(f"{a:.2f}" for a in by_pos)
+                    + "]"
+                )
+            stages = [r["stages"] for r in ok if r.get("stages")]
+            if stages:
+                cells.append(
+                    "stages "
+                    + " | ".join(
+                        f"{med([st[i]['busy'] for st in stages]):.2f}"
+                        f" ({med([st[i]['draft'] for st in stages]):.2f})"
+                        for i in range(len(stages[0]))
+                    )
+                )
+            lines.append(f"  {name} @{load}: " + "; ".join(cells))
+    for name, per_repeat in (data.get("peak_rss_mib") or {}).items():
+        peaks: dict[str, float] = {}
+        for rss in per_repeat:
+            seen: dict[str, int] = {}
+            # Processes of one name (the workers) in pid order: name, name#2, ...
+            for proc, mib in sorted(
+                (rss or {}).items(), key=lambda kv: int(kv[0].rsplit(":", 1)[1])
+            ):
+                base = proc.rsplit(":", 1)[0]
+                seen[base] = seen.get(base, 0) + 1
+                key = base if seen[base] == 1 else f"{base}#{seen[base]}"
+                peaks[key] = max(peaks.get(key, 0.0), mib)
+        if peaks:
+            lines.append(
+                f"  {name} peak RSS MiB: "
+                + ", ".join(f"{proc} {mib:.0f}" for proc, mib in sorted(peaks.items()))
+            )
+    return lines
+
+
 def plot(data: dict[str, Any], path: Path) -> list[str] | None:
     """Output tok/s against requests in flight, one line per configuration:
     the median, an error bar down to the min. The lines' labels; None without
@@ -262,7 +327,9 @@ def plot(data: dict[str, Any], path: Path) -> list[str] | None:
     ax.set_xlabel("requests in flight (vllm bench serve --max-concurrency)")
     ax.set_ylabel("output tok/s (median; bar: min)")
     k = data["spec"]["num_speculative_tokens"]
-    title = f"SmolLM2-135M, vllm serve on CPU ({data.get('cpus')} cores), ngram k={k}"
+    model = str(data.get("model", "SmolLM2-135M")).split(" (")[0]
+    method = data["spec"].get("method", "ngram")
+    title = f"{model}, vllm serve on CPU ({data.get('cpus')} cores), {method} k={k}"
     if data.get("label") == "smoke":
         title += " [SMOKE RUN]"
     elif data.get("label") == "partial":
@@ -288,6 +355,7 @@ def finish(data: dict[str, Any], out: Path, name: str) -> int:
                 rec.pop("texts", None)
                 rec.pop("errors", None)
     print("\n".join(table_lines(data)))
+    print("\n".join(detail_lines(data)))
     check = data["outputs"]
     print(
         f"outputs identical to PP=1 without spec: {check.get('identical')} "
