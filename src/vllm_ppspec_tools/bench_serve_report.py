@@ -327,7 +327,7 @@ def plot(data: dict[str, Any], path: Path) -> list[str] | None:
     ax.set_xlabel("requests in flight (vllm bench serve --max-concurrency)")
     ax.set_ylabel("output tok/s (median; bar: min)")
     k = data["spec"]["num_speculative_tokens"]
-    model = str(data.get("model", "SmolLM2-135M")).split(" (")[0]
+    model = str(data.get("model", "SmolLM2-135M")).split(" (")[0].split(",")[0]
     method = data["spec"].get("method", "ngram")
     title = f"{model}, vllm serve on CPU ({data.get('cpus')} cores), {method} k={k}"
     if data.get("label") == "smoke":
