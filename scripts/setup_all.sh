@@ -6,8 +6,8 @@
 #                         (scripts/setup_suffix.sh), downloads started alongside
 #   setup_all.sh overlay  once their wheels are downloaded, .venv-0.33 and
 #                         .venv-0.34 (scripts/setup_overlay.sh), and the real
-#                         model and the real pair converted (fixtures/real_model.py,
-#                         fixtures/real_pair.py; cached)
+#                         model converted (fixtures/real_model.py; cached; the real
+#                         pair is converted by its test's first use: fixtures/real_pair.py)
 #
 # .ci/run runs "venv", then "overlay" beside the unit tests, which need neither.
 set -euo pipefail
@@ -24,5 +24,4 @@ if [ "$stage" = all ] || [ "$stage" = overlay ]; then
   bash scripts/downloads.sh wait vllm-0.34.0
   bash scripts/setup_overlay.sh 0.34.0
   .venv/bin/python -m vllm_ppspec_tools.fixtures.real_model
-  .venv/bin/python -m vllm_ppspec_tools.fixtures.real_pair
 fi

@@ -125,11 +125,15 @@ RUNNER_PATCHES: tuple[Patch, ...] = (
         how=(
             "attach_drafts(output, drafts), from the last rank's sync steps: the batch's "
             "drafts set on its ModelRunnerOutput (a new attribute, pickled with it), read by "
-            "the plugin's sync scheduler; never on vLLM's shared EMPTY_MODEL_RUNNER_OUTPUT"
+            "the plugin's sync scheduler; never on vLLM's shared EMPTY_MODEL_RUNNER_OUTPUT; "
+            "with the draft model on the first stage they are placeholder slots, marked so"
         ),
         upstream="none found; vllm/v1/engine/core.py:EngineCore.post_step",
         remove_when="vLLM delivers each batch's drafts with its output under PP",
         install=None,
-        attributes=("ModelRunnerOutput.ppspec_draft_token_ids",),
+        attributes=(
+            "ModelRunnerOutput.ppspec_draft_token_ids",
+            "ModelRunnerOutput.ppspec_placeholder_drafts",
+        ),
     ),
 )

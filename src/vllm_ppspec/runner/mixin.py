@@ -145,8 +145,8 @@ class PPSpecRunnerMixin:
         self._ppspec_drafter_first = first is not False
         # The plugin's first collective: every PP rank was started the same way
         # (one host or several), or every rank refuses (health/startup_check.py).
-        placed = "drafter on the first stage" if self._ppspec_drafter_first else "drafter last"
-        agree(pp.cpu_group, fingerprint(self, f"{mode.value}, {placed}"))
+        placed = ", the draft model on the first stage" if self._ppspec_drafter_first else ""
+        agree(pp.cpu_group, fingerprint(self, mode.value + placed))
         RunnerView.check(self)
         fault = faults.Faults.from_env()
         if fault.any():

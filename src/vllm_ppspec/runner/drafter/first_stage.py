@@ -249,7 +249,7 @@ def set_up(runner: Any, sync: bool, pp: Any) -> DraftCatchUp | bool:
         int(runner.parallel_config.data_parallel_size),
     )
     if why is not None:
-        if pp.is_first_rank and os.environ.get(policy.DRAFTER_STAGE_ENV):
+        if os.environ.get(policy.DRAFTER_STAGE_ENV) and pp.is_first_rank:
             logger.info("vllm-ppspec: the drafter runs on the last stage: %s", why)
         return False
     if not pp.is_first_rank:
