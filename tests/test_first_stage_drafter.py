@@ -165,6 +165,32 @@ def test_decode_rounds_draft_from_the_last_token_and_catch_up_what_was_accepted(
     assert call["tokens"] == [100] and call["positions"] == [11] and call["next"] == [66]
 
 
+def test_rounds_without_draft_slots_keep_the_drafters_cache_filled():
+    """K = 0 for a while (a K schedule, a grammar): each such step passes the new
+    token through the drafter with K = 0, so the next drafting round needs only
+    its own last token (a stale bound would leave positions out)."""
+    batch = _batch({"r": [1, 2, 3, 4, 5, 6, 7]}, {"r": 6})
+    runner = _runner(batch)
+    catch_up = fs.DraftCatchUp(runner)
+    catch_up.valid["r"] = 6
+    catch_up.step(_step({"r": 4}, {"r": [0, 0, 0]}))  # drafts 100, 101, 102 from position 6
+    # Nothing accepted: 8 at position 7, then two steps without slots (9 at 8, 10 at 9).
+    for computed, token in ((7, 8), (8, 9), (9, 10)):
+        batch.token_ids_cpu[0, computed] = token
+        batch.num_computed_tokens_cpu[0] = computed
+        batch.num_tokens_no_spec[0] = computed + 1
+        assert catch_up.step(_step({"r": 1}, {})) == {}
+        call = runner.drafter.calls[-1]
+        assert call["k"] == 0 and call["next"] == [token] and call["positions"] == [computed - 1]
+        assert catch_up.valid["r"] == computed + 1
+    batch.token_ids_cpu[0, 10] = 11
+    batch.num_computed_tokens_cpu[0] = 10
+    batch.num_tokens_no_spec[0] = 11
+    catch_up.step(_step({"r": 4}, {"r": [0, 0, 0]}))
+    call = runner.drafter.calls[-1]
+    assert call["k"] == 3 and call["tokens"] == [10] and call["next"] == [11]
+
+
 def test_finished_requests_are_forgotten():
     batch = _batch({"r": [1, 2, 3, 4]}, {"r": 3})
     catch_up = fs.DraftCatchUp(_runner(batch))
@@ -178,3 +204,19 @@ def test_a_draft_count_that_differs_from_the_slots_is_refused():
     batch = _batch({"r": [1, 2, 3]}, {"r": 2})
     with pytest.raises(RuntimeError, match="2 drafts for request r, it has 3 draft slots"):
         fs.write_drafts(SimpleNamespace(input_batch=batch), {"r": [1, 2]}, {"r": [0, 0, 0]})
+
+
+def test_the_last_ranks_placeholders_are_as_many_as_the_scheduler_chose():
+    """vLLM's zero drafts are K wide; a K schedule (or adaptive K) chose the
+    step's K, which vLLM's own drafter would have drafted: the slots follow it."""
+    from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
+
+    from vllm_ppspec.runner.steps.sync import DeliverDrafts
+    from vllm_ppspec.sched.draft_delivery import attached_drafts, placeholders_attached
+
+    for k, want in ((1, [[0], [0]]), (0, [[], []]), (3, [[0, 0, 0], [0, 0, 0]])):
+        view = SimpleNamespace(take_drafts=lambda: DraftTokenIds(["a", "b"], [[0, 0, 0]] * 2))
+        state = SimpleNamespace(scheduler_output=SimpleNamespace(num_spec_tokens_to_schedule=k))
+        out = ModelRunnerOutput(req_ids=["a", "b"], req_id_to_index={"a": 0, "b": 1})
+        DeliverDrafts(placeholders=True).after_sample(view, state, out)
+        assert attached_drafts(out).draft_token_ids == want and placeholders_attached(out)

@@ -143,11 +143,11 @@ class DraftCatchUp:
             # A request first seen here starts where the target starts (a prefix
             # cache hit holds the drafter's KV too, as at PP = 1).
             first = min(self.valid.get(req_id, computed), computed)
-            if slots:
-                # At least the token before the last one, so the pass has one target token.
-                drafting.append((req_id, min(first, end - 2), end))
-            elif end - first >= 2:
-                catch_up.append((req_id, first, end))
+            self.valid[req_id] = first
+            if end < 2 or end <= first:
+                continue  # a one-token prompt's first chunk: it goes in with the next pass
+            # At least the token before the last one, so the pass has one target token.
+            (drafting if slots else catch_up).append((req_id, min(first, end - 2), end))
         drafts: dict[str, list[int]] = {}
         if catch_up:
             self._propose(catch_up, 0)

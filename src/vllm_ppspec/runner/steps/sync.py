@@ -31,7 +31,14 @@ class DeliverDrafts(Part):
         self.placeholders = placeholders
 
     def after_sample(self, view: RunnerView, state: Any, output: Any) -> None:
-        attach_drafts(output, view.take_drafts(), self.placeholders)
+        drafts = view.take_drafts()
+        if self.placeholders and drafts is not None:
+            # vLLM's zeros are K wide; the scheduler chose this step's K (dynamic
+            # K: num_spec_tokens_to_schedule), which vLLM's own drafter would draft.
+            k = getattr(state.scheduler_output, "num_spec_tokens_to_schedule", None)
+            if k is not None:
+                drafts.draft_token_ids = [list(ids)[:k] for ids in drafts.draft_token_ids]
+        attach_drafts(output, drafts, self.placeholders)
 
 
 def restore_output_tokens(requests: dict[str, Any], scheduler_output: Any) -> None:
