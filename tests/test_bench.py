@@ -60,8 +60,9 @@ def test_bench_runs_every_configuration_and_reports_busy_acceptance_and_transpor
             working = summary[name][load]["working_median"]
             assert len(busy) == 2 and all(0 < b <= 1 for b in busy), (name, load, busy)
             # The forward runs inside execute_model: working covers busy (up
-            # to a step counted across the phase's edges: phases are short).
-            assert all(b <= w + 0.03 and w <= 1.03 for b, w in zip(busy, working, strict=True)), (
+            # to a step counted across the phase's edges: phases are short, and
+            # one step of 24 tokens' phases is about 5% of it: seen 1.041).
+            assert all(b <= w + 0.06 and w <= 1.06 for b, w in zip(busy, working, strict=True)), (
                 name,
                 load,
                 busy,
