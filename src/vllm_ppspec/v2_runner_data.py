@@ -17,6 +17,8 @@ from __future__ import annotations
 V1_RUNNER_MODULES: tuple[str, ...] = (
     "vllm.v1.worker.gpu_model_runner",
     "vllm.v1.worker.cpu_model_runner",
+    "vllm.v1.worker.gpu_input_batch",
+    "vllm.v1.worker.block_table",
     "vllm.v1.spec_decode.llm_base_proposer",
     "vllm.v1.spec_decode.draft_model",
     "vllm.v1.spec_decode.suffix_decoding",
