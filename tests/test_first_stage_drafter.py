@@ -220,3 +220,24 @@ def test_the_last_ranks_placeholders_are_as_many_as_the_scheduler_chose():
         out = ModelRunnerOutput(req_ids=["a", "b"], req_id_to_index={"a": 0, "b": 1})
         DeliverDrafts(placeholders=True).after_sample(view, state, out)
         assert attached_drafts(out).draft_token_ids == want and placeholders_attached(out)
+
+
+def test_one_reading_of_the_config_for_the_split_and_the_runner(monkeypatch):
+    """policy.drafter_placement_of: async scheduling and the external launcher (the
+    EXTERNAL mode, whose runner keeps the drafter last) both count as not sync."""
+    monkeypatch.setenv(policy.DRAFTER_STAGE_ENV, "first")
+
+    def config(async_scheduling=False, backend="mp", dp=1, method="draft_model"):
+        return SimpleNamespace(
+            speculative_config=SimpleNamespace(method=method, parallel_drafting=False),
+            scheduler_config=SimpleNamespace(async_scheduling=async_scheduling),
+            parallel_config=SimpleNamespace(
+                distributed_executor_backend=backend, data_parallel_size=dp
+            ),
+        )
+
+    assert policy.drafter_placement_of(config()) is None
+    assert "async scheduling" in policy.drafter_placement_of(config(async_scheduling=True))
+    assert "async scheduling" in policy.drafter_placement_of(config(backend="external_launcher"))
+    assert "data parallelism" in policy.drafter_placement_of(config(dp=2))
+    assert "only a draft model" in policy.drafter_placement_of(config(method="eagle3"))

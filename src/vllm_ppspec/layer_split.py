@@ -211,20 +211,11 @@ def estimate(vllm_config: Any) -> Stages | None:
 
 
 def drafter_on_first_stage(vllm_config: Any) -> bool:
-    """The draft model runs on the first stage (runner/drafter/first_stage.py decides
-    from the same facts)."""
+    """The draft model runs on the first stage (``policy.drafter_placement_of``, as the
+    runner decides: runner/drafter/first_stage.py)."""
     from vllm_ppspec import policy
 
-    spec = vllm_config.speculative_config
-    scheduler = getattr(vllm_config, "scheduler_config", None)
-    parallel = getattr(vllm_config, "parallel_config", None)
-    why = policy.drafter_placement(
-        str(spec.method),
-        bool(getattr(spec, "parallel_drafting", False)),
-        not getattr(scheduler, "async_scheduling", False),
-        int(getattr(parallel, "data_parallel_size", 1)),
-    )
-    return why is None
+    return policy.drafter_placement_of(vllm_config) is None
 
 
 def split_for(vllm_config: Any, weight_limit: bool = True) -> tuple[list[int], list[int]] | None:

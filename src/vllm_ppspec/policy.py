@@ -99,7 +99,23 @@ def drafter_placement(
     if spec_method != "draft_model" or parallel_drafting:
         return "only a draft model drafting one token a pass runs on the first stage"
     if not sync:
-        return "async scheduling keeps the drafter on the last stage"
+        return "async scheduling (or the external launcher) keeps the drafter on the last stage"
     if dp_size > 1:
         return "data parallelism keeps the drafter on the last stage"
     return None
+
+
+def drafter_placement_of(vllm_config: object) -> str | None:
+    """:func:`drafter_placement` of a ``VllmConfig``: one reading for the layer split
+    (``layer_split.py``) and the runner (``runner/drafter/first_stage.py``). Sync
+    means the plugin's ``SYNC`` mode: no async scheduling, no external launcher."""
+    spec = getattr(vllm_config, "speculative_config", None)
+    scheduler = getattr(vllm_config, "scheduler_config", None)
+    parallel = getattr(vllm_config, "parallel_config", None)
+    external = getattr(parallel, "distributed_executor_backend", None) == "external_launcher"
+    return drafter_placement(
+        str(getattr(spec, "method", None)),
+        bool(getattr(spec, "parallel_drafting", False)),
+        not getattr(scheduler, "async_scheduling", False) and not external,
+        int(getattr(parallel, "data_parallel_size", 1)),
+    )

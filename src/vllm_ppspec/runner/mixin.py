@@ -141,7 +141,7 @@ class PPSpecRunnerMixin:
         check_engine_mode(self.vllm_config, mode)  # type: ignore[attr-defined]
         # The draft model on the first stage (sync mode): decided from config and
         # environment, compared across ranks with the rest of the fingerprint.
-        first = first_stage.set_up(self, mode is Mode.SYNC, pp)
+        first = first_stage.set_up(self, pp)
         self._ppspec_drafter_first = first is not False
         # The plugin's first collective: every PP rank was started the same way
         # (one host or several), or every rank refuses (health/startup_check.py).

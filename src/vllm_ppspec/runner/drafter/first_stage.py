@@ -48,7 +48,6 @@ from vllm_ppspec import policy
 from vllm_ppspec.runner.view import RunnerView
 
 KEY = "ppspec_draft_token_ids"
-PLACEHOLDER = 0
 
 
 def with_slots(scheduled: dict[str, Any]) -> list[str]:
@@ -223,12 +222,7 @@ class DraftCatchUp:
         return drafts.to("cpu")
 
 
-def placeholder_drafts(num_reqs: int, k: int, device: Any) -> torch.Tensor:
-    """The last rank's proposal when the first stage drafts: K placeholder slots each."""
-    return torch.full((num_reqs, k), PLACEHOLDER, dtype=torch.int32, device=device)
-
-
-def set_up(runner: Any, sync: bool, pp: Any) -> DraftCatchUp | bool:
+def set_up(runner: Any, pp: Any) -> DraftCatchUp | bool:
     """Decide the drafter's stage (every rank alike: config and environment only).
 
     Returns False where the drafter stays on the last stage (logged with the
@@ -241,13 +235,7 @@ def set_up(runner: Any, sync: bool, pp: Any) -> DraftCatchUp | bool:
     from vllm_ppspec.runner.drafter.scope import isolate_drafter
 
     logger = init_logger("vllm.ppspec")
-    spec = runner.speculative_config
-    why = policy.drafter_placement(
-        str(spec.method),
-        bool(getattr(spec, "parallel_drafting", False)),
-        sync,
-        int(runner.parallel_config.data_parallel_size),
-    )
+    why = policy.drafter_placement_of(runner.vllm_config)
     if why is not None:
         if os.environ.get(policy.DRAFTER_STAGE_ENV) and pp.is_first_rank:
             logger.info("vllm-ppspec: the drafter runs on the last stage: %s", why)
