@@ -80,7 +80,7 @@ def vllm_release(import_vllm: bool = True) -> str:
     ``import_vllm=False``: the imported one only if vLLM is imported already."""
     import importlib.metadata
 
-    from vllm_ppspec.version_guard import base_version, installed_vllm_version
+    from vllm_ppspec.compat.guard import base_version, installed_vllm_version
 
     installed = base_version(importlib.metadata.version("vllm"))
     if not import_vllm and "vllm" not in sys.modules:

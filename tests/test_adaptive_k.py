@@ -15,9 +15,10 @@ from types import SimpleNamespace
 import pytest
 
 from vllm_ppspec import WORKER_QUALNAME
-from vllm_ppspec.patches.config import adaptive_k as config_adaptive_k
-from vllm_ppspec.sched import adaptive_k, k_model
-from vllm_ppspec.sched.k_model import Acceptance, Cost
+from vllm_ppspec import adaptive_k as config_adaptive_k
+from vllm_ppspec.adaptive_k import chooser as adaptive_k
+from vllm_ppspec.adaptive_k import k_model
+from vllm_ppspec.adaptive_k.k_model import Acceptance, Cost
 
 
 def test_acceptance_counts_each_position_over_the_rounds_that_reached_it():

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_ppspec import WORKER_QUALNAME, version_guard
+from vllm_ppspec import WORKER_QUALNAME
+from vllm_ppspec.compat import guard as version_guard
 from vllm_ppspec.plugin import register
 
 register()
@@ -245,7 +246,7 @@ def _ngram():
 
 
 def test_sync_pp_spec_fills_the_pipeline_with_the_plugin_scheduler(target, monkeypatch):
-    from vllm_ppspec.policy import ONE_BATCH_ENV, SCHEDULER_QUALNAME
+    from vllm_ppspec.choice.policy import ONE_BATCH_ENV, SCHEDULER_QUALNAME
 
     for pp in (2, 3):
         cfg = _config(
@@ -393,8 +394,8 @@ def test_async_with_the_legacy_ray_executor_is_refused_and_ray_v2_is_not(monkeyp
     ("pp", "dp", "moe"), [(2, 1, False), (1, 2, True), (2, 2, False), (2, 2, True)]
 )
 def test_a_method_the_plugin_does_not_run_is_refused_with_its_worker_where_it_acts(pp, dp, moe):
+    from vllm_ppspec.choice.worker import SUPPORTED_PP_METHODS
     from vllm_ppspec.patches.config.refusals import pp_spec_unsupported
-    from vllm_ppspec.worker_choice import SUPPORTED_PP_METHODS
 
     assert {"medusa", "custom_class", "suffix"} <= set(SUPPORTED_PP_METHODS)
     reasons = pp_spec_unsupported(_pp_spec_namespace("mp", False, "ngram_gpu", pp, dp, moe))

@@ -1,14 +1,16 @@
-"""Every rank of a line the plugin serves decided the same (``patches/config/deployment_check.py``).
+"""Every rank of a line the plugin serves decided the same (``choice/deployment.py``).
 
 Each case runs the check as vLLM's workers do: right after vLLM's
 ``initialize_model_parallel`` (the wrapper the config patches install), on
 plain gloo ranks with vLLM's groups, the current config a stand-in:
 
-* a rank that decided otherwise (another worker, no spec config) is refused
-  on every rank within seconds, naming the setting and its host; the rank
-  that decided otherwise does not wait, and is ended by its watch;
-* a rank without the plugin (it posts nothing) is named after
-  ``VLLM_PPSPEC_STARTUP_TIMEOUT``, as a host without vllm-ppspec;
+* a rank that decided otherwise (another worker) is refused on every rank
+  within seconds, naming the setting and its host; the rank that decided
+  otherwise does not wait, and is ended by its watch;
+* a rank without the plugin, or without a speculative config (both post
+  nothing), is named after ``VLLM_PPSPEC_STARTUP_TIMEOUT``;
+* a line where no rank can act (no speculative config; PP = 1 and DP = 1)
+  posts nothing and starts no thread;
 * a line where the plugin does not act (vLLM's Model Runner V2 picked) starts
   at once, also beside a rank without the plugin;
 * the same decision from different settings agrees; vLLM's release is
@@ -26,16 +28,16 @@ from types import SimpleNamespace
 
 from tests.distributed import run_ranks
 from vllm_ppspec import WORKER_QUALNAME
-from vllm_ppspec.patches.config.deployment_check import DeploymentMismatchError, verdict
+from vllm_ppspec.choice.deployment import DeploymentMismatchError, verdict
 
 CPU_WORKER = "vllm.v1.worker.cpu_worker.CPUWorker"
 NO_PLUGIN = "no plugin"  # a rank that never runs the check (vllm-ppspec not installed)
 
 
-def _config(worker: str, v2: bool = False, spec: bool = True) -> SimpleNamespace:
+def _config(worker: str, v2: bool = False, spec: bool = True, pp: int = 2) -> SimpleNamespace:
     return SimpleNamespace(
         parallel_config=SimpleNamespace(
-            worker_cls=worker, pipeline_parallel_size=2, data_parallel_size=1, nnodes=1
+            worker_cls=worker, pipeline_parallel_size=pp, data_parallel_size=1, nnodes=1
         ),
         speculative_config=SimpleNamespace(method="draft_model") if spec else None,
         scheduler_config=SimpleNamespace(async_scheduling=False),
@@ -46,9 +48,13 @@ def _config(worker: str, v2: bool = False, spec: bool = True) -> SimpleNamespace
 
 def _rank(per_rank: dict, hold_s: float, rank: int, world: int) -> str:
     """One rank: the check as vLLM's workers run it. Returns what happened."""
+    import threading
+
     import vllm.config
 
+    from vllm_ppspec.choice import deployment
     from vllm_ppspec.patches.config import deployment_check
+    from vllm_ppspec.protocol import decision_board
 
     cfg, env = per_rank[rank]
     if cfg == NO_PLUGIN:
@@ -56,14 +62,20 @@ def _rank(per_rank: dict, hold_s: float, rank: int, world: int) -> str:
         return "no plugin"
     os.environ.update(env)
     ended: list[str] = []
-    deployment_check.end_process = ended.append  # the watch's end, recorded
+    deployment.end_process = ended.append  # the watch's end, recorded
     vllm.config.get_current_vllm_config_or_none = lambda: cfg
+    threads = set(threading.enumerate())
     start = time.monotonic()
     try:
         deployment_check._wrap(lambda: None)()
     except DeploymentMismatchError as e:
         return f"refused after {time.monotonic() - start:.1f} s: {e}"
     started = time.monotonic() - start
+    new_threads = sorted(t.name for t in set(threading.enumerate()) - threads)
+    posted = decision_board.board(decision_board.default_store()).check([f"decision/{rank}"])
+    if env.get("REPORT_BOARD"):
+        time.sleep(hold_s)  # rank 0 holds the store until every rank has read it
+        return f"posted {posted}; new threads {new_threads}"
     while not ended and time.monotonic() - start < hold_s:
         time.sleep(0.05)
     if ended:
@@ -108,17 +120,37 @@ def test_a_host_that_decided_otherwise_is_refused_on_every_rank_naming_host_and_
     assert _seconds(r1.value, "started") < 1.0 and _seconds(r1.value, "ended") < 10.0, r1.value
 
 
-def test_a_host_with_no_spec_config_is_named_at_once_not_as_a_host_without_the_plugin():
+def test_a_host_with_no_spec_config_posts_nothing_and_is_named_after_the_timeout():
+    """No speculative config: no rank of that line could act, so it posts
+    nothing; the rank that acts names it after the start-up timeout."""
     per_rank = {
         0: (_config(WORKER_QUALNAME), {}),
-        1: (_config(CPU_WORKER, spec=False), {}),
+        1: (_config(CPU_WORKER, spec=False), {"REPORT_BOARD": "1"}),
     }
-    r0, r1 = _run(per_rank)
-    assert r0.value.startswith("refused") and _seconds(r0.value, "refused") < 10.0, r0
-    for msg in (r0.value, r1.value):
-        assert "speculative method (rank 0: 'draft_model', rank 1: '<none>')" in msg, msg
-        assert "Decided otherwise: rank 1 on host " in msg, msg
-    assert "ended after" in r1.value, r1.value
+    r0, r1 = _run(per_rank, hold_s=2.0, timeout_s="3")
+    assert r1.value == "posted False; new threads []", r1.value
+    msg = str(r0.value)
+    assert msg.startswith("refused") and 3.0 <= _seconds(msg, "refused") < 8.0, r0
+    assert "rank 1 posted no decision within 3 s" in msg, msg
+    assert "started without --speculative-config" in msg, msg
+
+
+def test_where_no_rank_can_act_nothing_is_posted_and_no_thread_starts():
+    """The plugin installed, TP=2 (PP = 1, DP = 1, spec or not) or PP=2 without
+    spec: no store key, no watch thread, on every rank."""
+    for cfg in (_config(CPU_WORKER, pp=1), _config(CPU_WORKER, spec=False)):
+        per_rank = {r: (cfg, {"REPORT_BOARD": "1"}) for r in (0, 1)}
+        results = _run(per_rank, hold_s=2.0)
+        assert [r.value for r in results] == ["posted False; new threads []"] * 2, results
+
+
+def test_a_line_the_plugin_serves_posts_and_a_rank_that_does_not_act_watches():
+    """The counterpart of the case above: where a rank could act the check posts,
+    and a rank that does not act (vLLM's own worker) starts the watch thread."""
+    per_rank = {r: (_config(CPU_WORKER), {"REPORT_BOARD": "1"}) for r in (0, 1)}
+    results = _run(per_rank, hold_s=2.0)
+    expected = "posted True; new threads ['ppspec-deployment-watch']"
+    assert [r.value for r in results] == [expected] * 2, results
 
 
 def test_a_host_without_the_plugin_is_named_after_the_timeout_as_such():
@@ -167,7 +199,7 @@ def test_the_release_is_compared_without_its_local_label(monkeypatch):
     the deployment check and in the runner's start-up fingerprint."""
     import vllm
 
-    from vllm_ppspec.patches.config.deployment_check import decision_of
+    from vllm_ppspec.choice.deployment import decision_of
     from vllm_ppspec.runner.health.startup_check import fingerprint
 
     monkeypatch.setattr(vllm, "__version__", "0.32.0+cu128")

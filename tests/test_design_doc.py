@@ -169,7 +169,7 @@ def py_path_exists(path: str) -> bool:
 
 
 def test_the_name_checks_catch_missing_names():
-    assert dotted_name_exists("vllm_ppspec.patches.REGISTRY")
+    assert dotted_name_exists("vllm_ppspec.compat.registry.REGISTRY")
     assert dotted_name_exists("vllm_ppspec.runner.steps.base.Part.before_execute")
     assert not dotted_name_exists("vllm_ppspec.runner.mode")
     assert not dotted_name_exists("vllm_ppspec.runner.steps.base.Steps.no_such_hook")

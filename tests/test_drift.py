@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from vllm_ppspec import version_data, version_guard
-from vllm_ppspec_tools import drift
+from vllm_ppspec.compat import data as version_data
+from vllm_ppspec.compat import guard as version_guard
+from vllm_ppspec_tools import drift, drift_data
 
 
 def _installed_root() -> Path:
@@ -130,7 +131,7 @@ def test_explained_drift_is_listed_and_passes(tmp_path, monkeypatch):
         file = _installed_root() / path
         return file.read_text() if file.is_file() else None
 
-    monkeypatch.setattr(version_data, "EXPLAINED_DRIFT", {"9.9.9": {key: "re-read, same logic"}})
+    monkeypatch.setattr(drift_data, "EXPLAINED_DRIFT", {"9.9.9": {key: "re-read, same logic"}})
     report = drift.check(drift.Sources(read), "9.9.9")
     assert report.drift == [], report.drift
     assert any(f"explained {key}" in line for line in report.lines), report.lines
@@ -149,7 +150,7 @@ CPU_WORKER_IMPORT = "vllm.v1.worker.cpu_worker:CPUModelRunner"
 
 
 def _without_the_v1_runner() -> drift.Sources:
-    from vllm_ppspec import v2_runner_data
+    from vllm_ppspec_tools import drift_data as v2_runner_data
 
     hidden = {m.replace(".", "/") + ".py" for m in v2_runner_data.V1_RUNNER_MODULES}
 
@@ -161,10 +162,10 @@ def _without_the_v1_runner() -> drift.Sources:
 
 
 def test_a_release_without_the_v1_runner_is_not_supported_and_lists_the_v2_names(monkeypatch):
-    from vllm_ppspec import v2_runner_data
+    from vllm_ppspec_tools import drift_data as v2_runner_data
 
     why = "0.32.0's cpu_worker.py imports the hidden CPU runner"
-    monkeypatch.setattr(version_data, "EXPLAINED_DRIFT", {"9.9.9": {CPU_WORKER_IMPORT: why}})
+    monkeypatch.setattr(drift_data, "EXPLAINED_DRIFT", {"9.9.9": {CPU_WORKER_IMPORT: why}})
     report = drift.check(_without_the_v1_runner(), "9.9.9")
     assert report.verdict == "not supported: the V1 runner is removed"
     # The only drift left: V2 names the installed vLLM lacks (imported to see).
@@ -199,12 +200,12 @@ def _defined(module: str, qualname: str) -> bool:
 
 
 def test_a_missing_v2_name_is_unexplained_drift(monkeypatch):
-    from vllm_ppspec import v2_runner_data
+    from vllm_ppspec_tools import drift_data as v2_runner_data
 
     gone = ("vllm.v1.worker.gpu.pp_utils", "PPHandler.no_such_method")
     monkeypatch.setattr(v2_runner_data, "V2_RUNNER_NAMES", v2_runner_data.V2_RUNNER_NAMES + (gone,))
     explained = {"9.9.9": {CPU_WORKER_IMPORT: "as above"}}
-    monkeypatch.setattr(version_data, "EXPLAINED_DRIFT", explained)
+    monkeypatch.setattr(drift_data, "EXPLAINED_DRIFT", explained)
     report = drift.check(_without_the_v1_runner(), "9.9.9")
     assert "vllm.v1.worker.gpu.pp_utils:PPHandler.no_such_method" in report.drift, report.drift
     assert "  DRIFT vllm.v1.worker.gpu.pp_utils:PPHandler.no_such_method: missing" in "\n".join(

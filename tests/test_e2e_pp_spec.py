@@ -37,8 +37,8 @@ CASES = [
     for mode in ("sync", "async")
     if not (method == "ngram" and mode == "async")
 ]
-# The mode each case's runner logs (vllm_ppspec.policy.Mode).
-# The target layers each PP rank holds (vllm_ppspec/layer_split.py). A tiny
+# The mode each case's runner logs (vllm_ppspec.choice.policy.Mode).
+# The target layers each PP rank holds (vllm_ppspec/choice/layer_split.py). A tiny
 # model drafter on the last stage is estimated at 5-14 target layers' work
 # there, so the plugin moves one of the tiny target's 4 layers to the first
 # stage; ngram has no model, and vLLM's even split stays.
@@ -157,7 +157,7 @@ def test_pp2_spec_matches_pp1_without_spec(
     assert res.log.count("vllm-ppspec: target layers split") == 2, res.log[-8000:]
     check_acceptance(method, res.result["spec"])
     assert res.result["probes"]["target_layers"] == TARGET_LAYERS.get(method, BALANCED), (
-        "the plugin's layer split (vllm_ppspec/layer_split.py)"
+        "the plugin's layer split (vllm_ppspec/choice/layer_split.py)"
     )
     if probe:
         _check_drafter_embedding_is_its_own(res, spec["model"])

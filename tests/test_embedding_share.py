@@ -74,7 +74,7 @@ def test_share_mode_of_an_eagle_head_without_an_embedding_follows_the_vllm_versi
     width; 0.32's reads its missing weight and raises, so the plugin refuses."""
     from vllm.v1.spec_decode.eagle import EagleProposer
 
-    from vllm_ppspec import version_guard
+    from vllm_ppspec.compat import guard as version_guard
 
     for embed in (None, torch.nn.Identity()):
         drafter = _proposer(EagleProposer, _EagleHead(own=False, embed=embed))

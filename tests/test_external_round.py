@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vllm_ppspec.policy import Mode, batches_in_flight, mode_of, scheduler_of
+from vllm_ppspec.choice.policy import Mode, batches_in_flight, mode_of, scheduler_of
 from vllm_ppspec.protocol.external_round import pack_round, round_shape, unpack_round
 
 

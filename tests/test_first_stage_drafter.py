@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from vllm_ppspec import policy
+from vllm_ppspec.choice import policy
 from vllm_ppspec.runner.drafter import first_stage as fs
 
 

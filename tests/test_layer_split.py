@@ -14,8 +14,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from vllm_ppspec import layer_split
-from vllm_ppspec.layer_split import ENV, Stages, choose, estimate
+from vllm_ppspec.choice import layer_split
+from vllm_ppspec.choice.layer_split import ENV, Stages, choose, estimate
 from vllm_ppspec_tools.fixtures.spec_configs import tiny_spec
 
 PLUGIN = "vllm_ppspec.worker.PPSpecWorker"

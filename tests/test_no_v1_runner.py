@@ -80,7 +80,7 @@ def test_the_hook_warns_once_what_serves_there_and_which_releases_the_plugin_ser
         "installs nothing",
     ):
         assert words in logged[0], (words, logged[0])
-    from vllm_ppspec import no_v1_runner
+    from vllm_ppspec.compat import no_v1_runner
 
     assert logged[0] == "LOGGED WARNING " + no_v1_runner.warning("0.34.0"), logged
     assert "PATCHED False" in proc.stdout, proc.stdout
@@ -93,7 +93,7 @@ def test_the_named_worker_is_refused_with_the_same_words():
     assert len(refused) == 1, proc.stdout + proc.stderr[-4000:]
     assert refused[0].startswith("REFUSED VLLMVersionError "), refused
     assert "--worker-cls vllm_ppspec.worker.PPSpecWorker cannot run" in refused[0], refused
-    from vllm_ppspec import no_v1_runner
+    from vllm_ppspec.compat import no_v1_runner
 
     assert no_v1_runner.advice("0.34.0") in refused[0], refused[0]  # the warning's words
     assert no_v1_runner.advice("0.34.0") in no_v1_runner.warning("0.34.0")

@@ -1,4 +1,4 @@
-"""The patch registry (vllm_ppspec.patches.REGISTRY) names what the plugin changes."""
+"""The patch registry (vllm_ppspec.compat.registry.REGISTRY) names what the plugin changes."""
 
 from __future__ import annotations
 
@@ -6,12 +6,13 @@ import ast
 import importlib
 from pathlib import Path
 
-from vllm_ppspec import version_guard
-from vllm_ppspec.patches import REGISTRY, Patch
+from vllm_ppspec.compat import guard as version_guard
+from vllm_ppspec.compat.patch import Patch
+from vllm_ppspec.compat.registry import REGISTRY
 
 
 def test_the_patched_names_are_the_config_entries_and_install_wraps_each():
-    from vllm_ppspec.patches import PATCHED_NAMES
+    from vllm_ppspec.compat.registry import PATCHED_NAMES
     from vllm_ppspec.plugin import register
 
     registered = {t for p in REGISTRY if p.when == "config" for t in p.targets}

@@ -144,9 +144,9 @@ def test_the_remote_read_patch_is_installed_whatever_nnodes_says(monkeypatch):
     from vllm.v1.engine.core import EngineCore
 
     from vllm_ppspec import patches
+    from vllm_ppspec.choice.policy import Mode
     from vllm_ppspec.patches.engine_core import remote_reads
     from vllm_ppspec.plugin import register
-    from vllm_ppspec.policy import Mode
 
     register()
     original = getattr(MessageQueue.dequeue, "__wrapped__", MessageQueue.dequeue)

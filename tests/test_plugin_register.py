@@ -62,7 +62,7 @@ MID_INSTALL_FAILURE = """
 import importlib
 from vllm.platforms.cpu import CpuPlatform
 del CpuPlatform.check_and_update_config
-from vllm_ppspec.patches import PATCHED_NAMES
+from vllm_ppspec.compat.registry import PATCHED_NAMES
 
 def now():
     values = {}

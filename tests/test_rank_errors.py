@@ -6,6 +6,8 @@ import os
 
 import pytest
 
+from vllm_ppspec.choice.plan import Plan
+from vllm_ppspec.choice.policy import Mode
 from vllm_ppspec.protocol import faults
 from vllm_ppspec.protocol.rounds import RoundDivergenceError
 from vllm_ppspec.runner.health import rank_errors
@@ -29,7 +31,8 @@ class _Base:
 class _Worker(rank_errors.RankErrorsEndEngine, _Base):
     def __init__(self, error: Exception | None, active: bool = True):
         super().__init__(error)
-        self.model_runner = type("R", (), {"ppspec_active": active})()
+        plan = Plan(worker=True, line=True, mode=Mode.SYNC if active else Mode.OFF, pp=2)
+        self.model_runner = type("R", (), {"ppspec_plan": plan})()
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ def _stub_runner(rank: int, world: int, spec: bool, num_reqs: int):
     runner.speculative_config = SimpleNamespace(method="draft_model") if spec else None
     runner.num_spec_tokens = K if spec else 0
     if spec:
-        from vllm_ppspec.policy import Mode
+        from vllm_ppspec.choice.policy import Mode
         from vllm_ppspec.runner.steps.base import ActiveSteps
 
         runner._ppspec_steps = ActiveSteps(Mode.SYNC, [], hides_drafter=rank < world - 1)
@@ -149,7 +149,7 @@ def _sync_runner():
 
 def _sync_steps(is_last: bool, skip: bool):
     """A hybrid model's sync steps on one rank, as the runner's set-up builds them."""
-    from vllm_ppspec.policy import Mode
+    from vllm_ppspec.choice.policy import Mode
     from vllm_ppspec.protocol.faults import Faults
     from vllm_ppspec.runner.clocks import Clocks
     from vllm_ppspec.runner.steps.build import build_steps
@@ -240,7 +240,7 @@ class _UpstreamRunner:
 def test_every_step_reaches_the_modes_hooks_and_is_counted():
     """The mixin holds no mode: each step calls the steps object's hooks, with
     one record per step and one counter."""
-    from vllm_ppspec.policy import Mode
+    from vllm_ppspec.choice.policy import Mode
     from vllm_ppspec.runner.mixin import PPSpecRunnerMixin
     from vllm_ppspec.runner.steps.base import ActiveSteps, Part
 

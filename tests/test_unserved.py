@@ -1,13 +1,13 @@
 """The refusal of each speculative method the plugin does not run under PP
-names why and what to run instead (src/vllm_ppspec/unserved.py)."""
+names why and what to run instead (src/vllm_ppspec/choice/unserved.py)."""
 
 from __future__ import annotations
 
 import pytest
 
 from tests.test_config_patches import _pp_spec_namespace
-from vllm_ppspec.unserved import WHY_UNSERVED
-from vllm_ppspec.worker_choice import SUPPORTED_PP_METHODS
+from vllm_ppspec.choice.unserved import WHY_UNSERVED
+from vllm_ppspec.choice.worker import SUPPORTED_PP_METHODS
 
 # What each refusal must say: the cause, and what to run instead.
 EXPECTED = {

@@ -16,8 +16,8 @@ import subprocess
 from pathlib import Path
 
 from tests.conftest import REPO
-from vllm_ppspec import v2_runner_data
 from vllm_ppspec_tools import drift
+from vllm_ppspec_tools import drift_data as v2_runner_data
 
 PAGE = REPO / "docs" / "on-model-runner-v2.md"
 RELEASE = "0.34.0"

@@ -12,8 +12,9 @@ import sys
 
 import pytest
 
-from vllm_ppspec import version_data, version_guard
-from vllm_ppspec.version_guard import (
+from vllm_ppspec.compat import data as version_data
+from vllm_ppspec.compat import guard as version_guard
+from vllm_ppspec.compat.guard import (
     SUPPORTED_VLLM_VERSIONS,
     VLLMVersionError,
     check_version,
@@ -79,7 +80,7 @@ def test_missing_private_name_is_reported(monkeypatch):
 
 def test_the_patched_names_are_the_registrys_targets():
     """PRIVATE_NAMES: the used names (version_data) and every registry target, none by hand."""
-    from vllm_ppspec.patches import REGISTRY
+    from vllm_ppspec.compat.registry import REGISTRY
 
     targets = {tuple(t.split(":")) for p in REGISTRY if p.checked_at_import for t in p.targets}
     assert targets <= set(version_guard.PRIVATE_NAMES)

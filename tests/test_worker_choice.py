@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 
 from vllm_ppspec import WORKER_QUALNAME
+from vllm_ppspec.choice.worker import SUPPORTED_PP_METHODS, Choice, Facts, auto_setting, decide
 from vllm_ppspec.plugin import register
-from vllm_ppspec.worker_choice import SUPPORTED_PP_METHODS, Choice, Facts, auto_setting, decide
 from vllm_ppspec_tools.fixtures.spec_configs import tiny_spec
 
 register()
@@ -257,11 +257,10 @@ def test_auto_selects_the_plugin_only_where_vllm_runs_v1(
     PP=2, DP=2 (PP=1) and DP=2 x PP=2 on a dense and a MoE target, each method,
     each runner condition. The plugin's worker only where the line is the
     plugin's and vLLM runs V1; elsewhere vLLM's own choice, untouched, and the
-    one rule (``worker_choice.acts``), the mode and the refusals agree."""
-    from vllm_ppspec.patches.config import plugin_mode
+    config's plan (who serves, the mode) and the refusals agree."""
+    from vllm_ppspec.choice.plan import plan_of
+    from vllm_ppspec.choice.policy import Mode
     from vllm_ppspec.patches.config.refusals import pp_spec_unsupported
-    from vllm_ppspec.policy import Mode
-    from vllm_ppspec.worker_choice import acts
 
     triton(has_triton)
     _use_v2_env(monkeypatch, use_v2)
@@ -278,8 +277,8 @@ def test_auto_selects_the_plugin_only_where_vllm_runs_v1(
     if method in V1_ONLY:
         runner_v1 = True  # vLLM keeps V1 for it, Triton or not
     plugin = line and runner_v1
-    assert acts(cfg) is plugin
-    assert plugin_mode(cfg) is (Mode.OFF if not plugin or pp == 1 else Mode.SYNC)
+    assert plan_of(cfg).acts is plugin
+    assert plan_of(cfg).mode is (Mode.OFF if not plugin or pp == 1 else Mode.SYNC)
     assert pp_spec_unsupported(cfg) == []
     if plugin:
         assert (worker, v2) == (WORKER_QUALNAME, False)
@@ -294,7 +293,7 @@ def test_auto_selects_the_plugin_only_where_vllm_runs_v1(
 def test_v2_asked_for_without_triton_is_vllms_own_business(models, triton, monkeypatch):
     """``VLLM_USE_V2_MODEL_RUNNER=1`` on the CPU platform: vLLM 0.32 refuses it
     itself ("requires Triton"), 0.33 builds its V2 CPU runner; the plugin is out."""
-    from vllm_ppspec import version_guard
+    from vllm_ppspec.compat import guard as version_guard
 
     triton(False)
     _use_v2_env(monkeypatch, "1")
@@ -385,7 +384,7 @@ def test_watermarking_and_hisparse_are_left_to_vllms_v2(models, triton):
     (the V1 runner would silently drop the feature)."""
     from vllm.config.attention import HiSparseConfig
 
-    from vllm_ppspec.worker_choice import facts_of
+    from vllm_ppspec.choice.worker import facts_of
 
     triton(False)
     target, spec = tiny_spec(models, "draft_copy", 3)
@@ -582,8 +581,8 @@ def test_the_plugins_worker_named_where_vllm_picks_v2_off_pp_and_dp_is_vllms_own
 def test_the_plugins_worker_named_where_vllm_runs_v1_off_pp_and_dp_serves_as_vllms(models, triton):
     """On V1 (the CPU platform) it serves, with vLLM's scheduler and nothing of
     the plugin per step (its mode is off)."""
-    from vllm_ppspec.patches.config import plugin_mode
-    from vllm_ppspec.policy import Mode
+    from vllm_ppspec.choice.plan import plan_of
+    from vllm_ppspec.choice.policy import Mode
 
     triton(False)
     target, spec = tiny_spec(models, "draft_copy", 3)
@@ -594,6 +593,6 @@ def test_the_plugins_worker_named_where_vllm_runs_v1_off_pp_and_dp_serves_as_vll
         worker_cls=WORKER_QUALNAME,
     )
     assert _served_by(cfg) == (WORKER_QUALNAME, False)
-    assert plugin_mode(cfg) is Mode.OFF
+    assert plan_of(cfg).mode is Mode.OFF
     sched = cfg.scheduler_config.scheduler_cls
     assert sched is None or not str(sched).startswith("vllm_ppspec"), sched

@@ -2,7 +2,7 @@
 
 Select the worker with ``--worker-cls vllm_ppspec.worker.PPSpecWorker``.
 Importing this package does not import vLLM; the worker, runner and plugin
-modules do, and check the vLLM version first (see ``vllm_ppspec.version_guard``).
+modules do, and check the vLLM version first (see ``vllm_ppspec.compat.guard``).
 """
 
 WORKER_QUALNAME = "vllm_ppspec.worker.PPSpecWorker"

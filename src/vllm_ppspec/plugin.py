@@ -32,7 +32,7 @@ def register() -> None:
     A failed install logs one error line and undoes what it had changed.
     Idempotent.
     """
-    from vllm_ppspec.version_guard import (
+    from vllm_ppspec.compat.guard import (
         SUPPORTED_VLLM_VERSIONS,
         installed_vllm_label,
         installed_vllm_version,
@@ -40,7 +40,7 @@ def register() -> None:
     )
 
     if installed_vllm_version() not in SUPPORTED_VLLM_VERSIONS:
-        from vllm_ppspec import no_v1_runner
+        from vllm_ppspec.compat import no_v1_runner
 
         found = installed_vllm_label()
         if no_v1_runner.removed():  # 0.34.0 on: what serves there, and what to install
@@ -81,10 +81,10 @@ _ABSENT = object()
 
 def _patched_attributes() -> list[tuple[Any, str, Any]]:
     """(owner, name, own value or _ABSENT) of every vLLM name the config patches
-    replace (``vllm_ppspec.patches.PATCHED_NAMES``), as they are now."""
+    replace (``vllm_ppspec.compat.registry.PATCHED_NAMES``), as they are now."""
     import importlib
 
-    from vllm_ppspec.patches import PATCHED_NAMES
+    from vllm_ppspec.compat.registry import PATCHED_NAMES
 
     saved = []
     for module, qualname in PATCHED_NAMES:

@@ -6,7 +6,7 @@ subclass everywhere else; both build a runner with the same PP + spec mixin.
 
 from __future__ import annotations
 
-from vllm_ppspec.version_guard import check_vllm
+from vllm_ppspec.compat.guard import check_vllm
 
 check_vllm()
 

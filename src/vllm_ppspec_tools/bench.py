@@ -21,7 +21,7 @@ Each engine configuration runs in its own fresh offline engine, interleaved
   async scheduling): PP=N + the drafter under async scheduling;
 * ``even split`` (``--method draft_model`` only): ``filled`` with vLLM's even
   layer split (``VLLM_PP_LAYER_PARTITION`` set to it) instead of the one the
-  plugin chooses for the drafter (vllm_ppspec/layer_split.py).
+  plugin chooses for the drafter (vllm_ppspec/choice/layer_split.py).
 
 ``--configs`` runs some of them only (names separated by commas).
 
@@ -125,7 +125,7 @@ def _spec(target: str, method: str, models_dir: Path) -> dict[str, Any]:
 
 def _even_split(model: str, pp: int) -> str:
     """vLLM's layer split of ``model`` over ``pp`` stages, as VLLM_PP_LAYER_PARTITION."""
-    from vllm_ppspec.layer_split import even_split
+    from vllm_ppspec.choice.layer_split import even_split
 
     layers = json.loads((Path(model) / "config.json").read_text())["num_hidden_layers"]
     return ",".join(str(n) for n in even_split(int(layers), pp))

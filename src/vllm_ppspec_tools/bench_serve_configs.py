@@ -194,8 +194,8 @@ def serve_env(cfg: Config) -> dict[str, str]:
     ``VLLM_PP_LAYER_PARTITION`` where the name sets a split;
     ``VLLM_SERVER_DEV_MODE=1`` where the plugin's worker serves, so that the bench
     reads each stage's runner clocks (``/collective_rpc``)."""
-    from vllm_ppspec.layer_split import ENV as SPLIT_ENV
-    from vllm_ppspec.sched.adaptive_k import ADAPTIVE_ENV
+    from vllm_ppspec.adaptive_k.chooser import ADAPTIVE_ENV
+    from vllm_ppspec.choice.layer_split import ENV as SPLIT_ENV
     from vllm_ppspec_tools.fixtures.run_offline import cpu_env
 
     env = cpu_env(cfg.pp) | ({ADAPTIVE_ENV: "1"} if cfg.adaptive else {})

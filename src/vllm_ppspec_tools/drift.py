@@ -15,7 +15,7 @@ the reference version, ``version_data.REFERENCE_VLLM_VERSION``):
   hash pinned for VERSION (the reference's pin for a release not supported),
   or changed, with the diff;
 * every upstream method the plugin overrides (its runner, worker and scheduler
-  classes: found from their MRO) or wraps (``vllm_ppspec.patches.PATCHED_NAMES``):
+  classes: found from their MRO) or wraps (``vllm_ppspec.compat.registry.PATCHED_NAMES``):
   the same source as installed, or changed, with the diff.
 
 It prints a verdict first: supported, "not supported: the V1 runner is
@@ -26,7 +26,7 @@ removal, and it also lists what the plugin would need of Model Runner V2
 (``v2_runner_data.V2_RUNNER_NAMES``, docs/on-model-runner-v2.md): present,
 with its file and line, or missing (drift).
 
-Exits 1 on any drift that ``version_data.EXPLAINED_DRIFT[VERSION]`` does not
+Exits 1 on any drift that ``drift_data.EXPLAINED_DRIFT[VERSION]`` does not
 explain, 0 otherwise. A name reached only at run time (an attribute set on a
 function object, such as torch.compile's ``_torchdynamo_orig_callable``) is
 reported as such and not counted.
@@ -145,11 +145,9 @@ def _diff(old: str, new: str, name: str, version: str, pinned: str) -> str:
 
 
 def check(sources: Sources, version: str) -> Report:
-    from vllm_ppspec import patches
-    from vllm_ppspec import v2_runner_data as v2
-    from vllm_ppspec import version_data as data
-    from vllm_ppspec import version_guard as guard
-    from vllm_ppspec.no_v1_runner import V1_RUNNER_MODULE
+    from vllm_ppspec.compat import data, guard, registry
+    from vllm_ppspec.compat.no_v1_runner import V1_RUNNER_MODULE
+    from vllm_ppspec_tools import drift_data as v2
 
     pinned = data.REFERENCE_VLLM_VERSION
     if guard.installed_vllm_version() != pinned:
@@ -157,7 +155,7 @@ def check(sources: Sources, version: str) -> Report:
             f"drift: compares against the reference vLLM {pinned}, installed "
             f"here is {guard.installed_vllm_version()}: run it in the project's .venv"
         )
-    report = Report(version, dict(data.EXPLAINED_DRIFT.get(version, {})))
+    report = Report(version, dict(v2.EXPLAINED_DRIFT.get(version, {})))
     v1_removed = sources.module(V1_RUNNER_MODULE) is None
     if version in data.SUPPORTED_VLLM_VERSIONS:
         report.verdict = "supported"
@@ -200,7 +198,7 @@ def check(sources: Sources, version: str) -> Report:
             report.add(key, f"changed (copied in {where})", _diff(old, new, key, version, pinned))
 
     targets = [(m, q, s) for m, q, s in overridden()]
-    targets += [(m, q, installed_source(m, q)) for m, q in patches.PATCHED_NAMES]
+    targets += [(m, q, installed_source(m, q)) for m, q in registry.PATCHED_NAMES]
     report.lines.append(f"overridden or wrapped upstream methods ({len(targets)}):")
     for module, qualname, old in targets:
         key = f"{module}:{qualname}"
@@ -223,7 +221,7 @@ def check(sources: Sources, version: str) -> Report:
 def check_v2_names(sources: Sources, report: Report) -> None:
     """What the plugin would need of Model Runner V2: each name present, with
     its file and line, or missing (drift)."""
-    from vllm_ppspec.v2_runner_data import V2_RUNNER_NAMES as names
+    from vllm_ppspec_tools.drift_data import V2_RUNNER_NAMES as names
 
     report.lines.append(
         f"what the plugin would need of Model Runner V2 (docs/on-model-runner-v2.md) "

@@ -21,11 +21,8 @@ installed by one call of :func:`install_group` from the one place it applies:
 
 The plugin's own subclasses (worker, runner, schedulers) are not patches: they
 are selected by name (``--worker-cls``, and the config patch that sets the
-scheduler class). :data:`PATCHED_NAMES`, the wrapped config names that the
-plugin hook undoes on a failed install and the drift tool reads release to
-release, and :data:`PATCHED_PRIVATE_NAMES`, the targets the version check
-finds in vLLM (``version_guard.PRIVATE_NAMES``), are derived from it.
-The entries are in :mod:`.registry`. ``tests/test_patches_registry.py``
+scheduler class). The entries are data, in :mod:`vllm_ppspec.compat.registry`
+(with the names derived from them). ``tests/test_patches_registry.py``
 checks each entry against vLLM and the modules that install it, and scans
 the plugin's code for changes to vLLM objects that no entry lists. No vLLM
 import: :func:`install_group` imports each entry's module when it installs it.
@@ -36,35 +33,10 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from vllm_ppspec.patches.patch import Patch
-from vllm_ppspec.patches.registry import REGISTRY
+from vllm_ppspec.compat.registry import REGISTRY
 
-__all__ = ["PATCHED_NAMES", "PATCHED_PRIVATE_NAMES", "REGISTRY", "Patch", "install_group"]
+__all__ = ["install_group"]
 
-
-# The vLLM names wrapped in place in every process ("config" entries), as
-# (module, qualname): the plugin hook undoes them on a failed install, and
-# the drift tool compares their upstream bodies release to release.
-PATCHED_NAMES: tuple[tuple[str, str], ...] = tuple(
-    dict.fromkeys(
-        tuple(target.split(":"))  # type: ignore[misc]
-        for patch in REGISTRY
-        if patch.when == "config"
-        for target in patch.targets
-    )
-)
-
-
-# Every registry target (checked_at_import) as (module, qualname), for the version check's
-# PRIVATE_NAMES (version_guard): each must exist in every supported release.
-PATCHED_PRIVATE_NAMES: tuple[tuple[str, str], ...] = tuple(
-    dict.fromkeys(
-        tuple(target.split(":"))  # type: ignore[misc]
-        for patch in REGISTRY
-        if patch.checked_at_import
-        for target in patch.targets
-    )
-)
 
 # The groups install_group has installed in this process.
 installed_groups: set[str] = set()

@@ -2,26 +2,15 @@
 
 Mixed into vLLM's ``GPUModelRunner`` (:class:`PPSpecGPUModelRunner`) and
 ``CPUModelRunner`` (:class:`vllm_ppspec.runner.cpu_runner.PPSpecCPUModelRunner`). The
-mode is decided once (:mod:`vllm_ppspec.policy`) and this rank's steps object
-built once (:mod:`~vllm_ppspec.runner.steps.build`), in ``_ppspec_setup``; every
+mode is decided once (:mod:`vllm_ppspec.choice.policy`) and this rank's steps object
+built once (:mod:`~vllm_ppspec.runner.steps.build`), in ``_ppspec_setup``, from the
+config's plan (:mod:`vllm_ppspec.choice.plan`); every
 per-step override calls that object's hooks (:mod:`~vllm_ppspec.runner.steps.base`)
 with no condition, and holds no mode or rank of its own. ``OFF`` is a steps
-object with no part. The parts:
-
-* :mod:`~vllm_ppspec.runner.steps.sync`, :mod:`~vllm_ppspec.runner.steps.lanes`,
-  :mod:`~vllm_ppspec.runner.steps.hybrid`, :mod:`~vllm_ppspec.runner.steps.relay`,
-  through one view of vLLM's runner (:mod:`~vllm_ppspec.runner.view`);
-* :mod:`~vllm_ppspec.runner.drafter.scope`: the drafter hidden on non-last
-  ranks, and shown a single-stage PP group on the last;
-* :mod:`~vllm_ppspec.runner.drafter.embedding_handover`: the target's embedding for
-  the drafter; :mod:`~vllm_ppspec.runner.drafter.eagle3`: EAGLE-3 auxiliary states;
-* :mod:`~vllm_ppspec.runner.clocks`: where each rank's time goes;
-* :mod:`~vllm_ppspec.runner.health.rank_errors`, :mod:`~vllm_ppspec.runner.health.peer_watch`,
-  :mod:`~vllm_ppspec.runner.health.startup_check`: a failing rank, a dead PP peer, or
-  ranks started differently end the engine.
+object with no part. The parts are listed in ``runner/__init__.py``.
 
 Every vLLM private name the package uses is listed in
-:mod:`vllm_ppspec.version_guard`. With the external launcher (torchrun, one
+:mod:`vllm_ppspec.compat.guard`. With the external launcher (torchrun, one
 engine per rank) the mode is ``EXTERNAL`` (``steps/external.py``).
 
 Collectives the plugin adds, on every rank of the PP group unless said:
@@ -52,17 +41,16 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from vllm_ppspec.version_guard import check_vllm
+from vllm_ppspec.compat.guard import check_vllm
 
 check_vllm()
 
 # The imports below need a supported vLLM: the guard above runs first.
-from vllm.distributed.parallel_state import get_dp_group, get_pp_group  # noqa: E402
+from vllm.distributed.parallel_state import get_pp_group  # noqa: E402
 from vllm.logger import init_logger  # noqa: E402
-from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer  # noqa: E402
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner  # noqa: E402
 
-from vllm_ppspec.policy import Mode, mode_of  # noqa: E402
+from vllm_ppspec.choice import plan as plans  # noqa: E402
 from vllm_ppspec.protocol import faults  # noqa: E402
 from vllm_ppspec.runner.clocks import Clocks  # noqa: E402
 from vllm_ppspec.runner.drafter import dp_hook, eagle3, first_stage  # noqa: E402
@@ -75,7 +63,6 @@ from vllm_ppspec.runner.health.startup_check import agree, fingerprint  # noqa: 
 from vllm_ppspec.runner.steps.base import Steps, StepState  # noqa: E402
 from vllm_ppspec.runner.steps.build import build_steps, check_engine_mode  # noqa: E402
 from vllm_ppspec.runner.view import RunnerView  # noqa: E402
-from vllm_ppspec.worker_choice import line_of, plugin_line  # noqa: E402
 
 if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
@@ -99,11 +86,7 @@ class PPSpecRunnerMixin:
     _ppspec_state: StepState = StepState(-1, None)  # the step now between its hooks
     _ppspec_suffix: SuffixRequests | None = None  # the last rank's suffix drafter
     _ppspec_drafter_first = False  # the draft model runs on the first stage
-
-    @property
-    def ppspec_active(self) -> bool:
-        """Speculative decoding under PP on this runner (the mode is not OFF)."""
-        return self._ppspec_steps.mode is not Mode.OFF
+    ppspec_plan: plans.Plan = plans.OFF  # the config's plan, read in _ppspec_setup
 
     @property
     def ppspec_clocks(self) -> Clocks:
@@ -129,14 +112,13 @@ class PPSpecRunnerMixin:
     def _ppspec_setup(self) -> None:
         """Called right after GPUModelRunner.__init__ (drafter already built)."""
         pp = get_pp_group()
-        # This runner is the plugin's worker's: the plugin acts where the line is its.
-        acts = plugin_line(*line_of(self))
-        mode = mode_of(acts, pp.world_size, self.use_async_scheduling, self.broadcast_pp_output)
+        plan = self.ppspec_plan = plans.plan_of(self.vllm_config)  # type: ignore[attr-defined]
+        mode = plan.mode
         is_last = pp.is_last_rank
         # DP > 1 (MoE targets): this rank's drafter agrees with the other DP
         # ranks' on each run (protocol/dp_agreement.py), in every mode.
-        self._ppspec_install_dp_agreement()
-        if mode is Mode.OFF:
+        dp_hook.install_for_runner(self)
+        if not plan.serves_pp:
             return
         check_engine_mode(self.vllm_config, mode)  # type: ignore[attr-defined]
         # The draft model on the first stage (sync mode): decided from config and
@@ -174,7 +156,8 @@ class PPSpecRunnerMixin:
         # placement check (health/placement.py), then the peer watch's address
         # exchange. A dead peer ends this worker (health/peer_watch.py), over the
         # loopback when the ranks share this host, else on this node's address.
-        watch_pp_peers(pp.cpu_group, peer_watch_host(pp.cpu_group))
+        if plan.watches_peers:
+            watch_pp_peers(pp.cpu_group, peer_watch_host(pp.cpu_group))
         logger.info(
             "vllm-ppspec: PP rank %d/%d, speculative method %s, k=%d, %s scheduling",
             pp.rank_in_group,
@@ -182,27 +165,6 @@ class PPSpecRunnerMixin:
             self.speculative_config.method,
             self.num_spec_tokens,
             mode.value,
-        )
-
-    def _ppspec_install_dp_agreement(self) -> None:
-        """On a rank holding a model drafter at DP > 1, install the DP agreement."""
-        drafter = getattr(self, "drafter", None)
-        if not isinstance(drafter, SpecDecodeBaseProposer):  # none here, or no model forward
-            return
-        if self.parallel_config.data_parallel_size <= 1:  # type: ignore[attr-defined]
-            return
-        fault = faults.Faults.from_env()
-        dp = get_dp_group()
-        dp_hook.install(
-            drafter,
-            dp.cpu_group,
-            dp.rank_in_group,
-            disagree_at=fault.at_step if fault.kind == "dp_disagree" else 0,
-        )
-        logger.info(
-            "vllm-ppspec: drafter runs agreed across DP (rank %d of %d) on the DP gloo group",
-            dp.rank_in_group,
-            dp.world_size,
         )
 
     # ------------------------------------------------------------------
@@ -242,13 +204,13 @@ class PPSpecRunnerMixin:
         unloaded = self._ppspec_drafter_first and pp.is_last_rank
         with first_stage.drafter_unloaded(self, unloaded):
             result = super().load_model(*args, **kwargs)  # type: ignore[misc]
-        if self.ppspec_active:
+        if self.ppspec_plan.serves_pp:
             give_drafter_the_target_embedding(self, pp, pp.is_last_rank and not unloaded)
         return result
 
     def _setup_eagle3_aux_hidden_state_outputs(self) -> None:
         vllm_setup = super()._setup_eagle3_aux_hidden_state_outputs  # type: ignore[misc]
-        if not self.ppspec_active or not eagle3.uses_aux_states(self.speculative_config):
+        if not self.ppspec_plan.serves_pp or not eagle3.uses_aux_states(self.speculative_config):
             vllm_setup()
             return
         model = self.model  # type: ignore[attr-defined]

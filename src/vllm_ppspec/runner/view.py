@@ -33,7 +33,7 @@ class RunnerView:
 
     @staticmethod
     def check(runner: Any) -> None:
-        from vllm_ppspec.version_guard import VLLMVersionError
+        from vllm_ppspec.compat.guard import VLLMVersionError
 
         missing = [name for name in RUNNER_ATTRIBUTES if not hasattr(runner, name)]
         if missing:

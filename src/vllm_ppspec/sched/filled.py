@@ -32,8 +32,8 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.outputs import DraftTokenIds
 from vllm.v1.request import RequestStatus
 
-from vllm_ppspec.policy import Mode
-from vllm_ppspec.sched import adaptive_k
+from vllm_ppspec.adaptive_k import chooser as adaptive_k
+from vllm_ppspec.choice.policy import Mode
 from vllm_ppspec.sched.draft_delivery import attached_drafts, placeholders_attached
 
 logger = init_logger("vllm.ppspec")

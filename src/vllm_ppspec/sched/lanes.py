@@ -35,8 +35,8 @@ from typing import Any
 
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 
-from vllm_ppspec.policy import Mode
-from vllm_ppspec.sched import adaptive_k
+from vllm_ppspec.adaptive_k import chooser as adaptive_k
+from vllm_ppspec.choice.policy import Mode
 from vllm_ppspec.sched.filled import BatchesInFlight, schedule_without
 
 

@@ -6,7 +6,7 @@ import vllm.v1.worker.cpu_worker as _vllm_cpu_worker
 from vllm.v1.worker.cpu_worker import CPUWorker
 
 import vllm_ppspec.runner.cpu_runner as _cpu_runner  # runs the version guard first
-from vllm_ppspec import layer_split
+from vllm_ppspec.choice import layer_split
 from vllm_ppspec.patches import install_group
 from vllm_ppspec.patches.install_state import require_installed
 from vllm_ppspec.runner.clocks import WorkerClocks

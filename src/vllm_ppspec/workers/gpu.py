@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from vllm.v1.worker.gpu_worker import Worker  # noqa: E402
 
-from vllm_ppspec import layer_split
+from vllm_ppspec.choice import layer_split
 from vllm_ppspec.patches import install_group
 from vllm_ppspec.patches.install_state import require_installed
 from vllm_ppspec.runner.clocks import WorkerClocks

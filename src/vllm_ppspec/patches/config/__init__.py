@@ -6,10 +6,10 @@ Installed by :func:`vllm_ppspec.plugin.register` in every vLLM process
 patch wraps one vLLM function and calls it unchanged unless
 ``parallel_config.worker_cls`` names a vllm-ppspec worker (which it does by
 itself, when left at ``auto``, on the lines the plugin serves: speculative
-decoding with PP > 1, or DP > 1 on a MoE model, ``worker_choice.plugin_line``;
-see ``__post_init__``). :func:`vllm_ppspec.worker_choice.acts` says whether the
-plugin acts on a config; the mode (:func:`plugin_mode`) is off unless it does
-at PP > 1:
+decoding with PP > 1, or DP > 1 on a MoE model, ``choice.worker.plugin_line``;
+see ``__post_init__``). Each wrapper reads the config's plan
+(:func:`vllm_ppspec.choice.plan.plan_of`: who serves, the mode, the batches in
+flight, the scheduler), settled once at the end of ``__post_init__``:
 
 * ``VllmConfig._get_v1_model_runner_unsupported_features``: where the mode is
   not off, drops "pipeline parallelism with async scheduling" (the plugin runs
@@ -22,17 +22,17 @@ at PP > 1:
 * ``VllmConfig.use_v2_model_runner``: False with the plugin's worker (it extends
   the V1 runner); where vLLM requires V2 (``VLLM_USE_V2_MODEL_RUNNER=1``,
   HiSparse, watermarking) that worker is refused with a ValueError.
-* ``CpuPlatform.check_and_update_config``: keeps an explicit
+* ``CpuPlatform.check_and_update_config``: where the plugin acts, keeps an explicit
   ``--async-scheduling`` (the CPU platform turns it off unconditionally), also
   in the copies vLLM makes of that config (``ASYNC_KEPT_FLAG``).
 * ``VllmConfig.max_concurrent_batches`` (mode not off only):
-  what :mod:`vllm_ppspec.policy` decides for the mode: under sync scheduling
+  what :mod:`vllm_ppspec.choice.policy` decides for the mode: under sync scheduling
   one batch per PP stage, as vLLM does without speculation (1 with
   ``VLLM_PPSPEC_ONE_BATCH=1``); under async scheduling PP + 1, one lane of
   requests per stage plus the next batch of the lane whose round is on its way.
 * ``VllmConfig.__post_init__``: first, with ``--worker-cls auto`` (vLLM's
   default), selects the plugin's worker on the lines it serves where vLLM would
-  run its V1 runner (:func:`.selection.select_worker`, :mod:`vllm_ppspec.worker_choice`;
+  run its V1 runner (:func:`.selection.select_worker`, :mod:`vllm_ppspec.choice.worker`;
   where vLLM picks Model Runner V2 it stays). Then, mode not off, selects the plugin's scheduler,
   :class:`vllm_ppspec.sched.filled.PPSpecScheduler` under sync scheduling (it
   applies each batch's drafts when that batch's output is processed) and
@@ -50,7 +50,7 @@ at PP > 1:
   (:mod:`vllm_ppspec.sched.draft_delivery`). With either plugin scheduler it
   also installs the registry's ``engine core`` group (:mod:`.remote_reads`), once.
 * ``get_engine_process_shutdown_timeout`` (:mod:`.stop_grace`): with the
-  plugin's worker across nodes, a stop at ``--shutdown-timeout 0`` gives the
+  plugin acting on a pipeline across nodes, a stop at ``--shutdown-timeout 0`` gives the
   engine core vLLM's best-effort window to stop its workers in order.
 """
 
@@ -59,13 +59,15 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from vllm_ppspec import patches, policy
-from vllm_ppspec.patches.config import adaptive_k, selection, stop_grace
+from vllm_ppspec import adaptive_k, patches
+from vllm_ppspec.choice import policy
+from vllm_ppspec.choice.plan import decide, plan_of, settle
+from vllm_ppspec.choice.policy import Mode
+from vllm_ppspec.choice.worker import v2_refusal, v2_required
+from vllm_ppspec.patches.config import selection, stop_grace
 from vllm_ppspec.patches.config.async_hold import hold_async, restore_async
 from vllm_ppspec.patches.config.refusals import pp_spec_unsupported
 from vllm_ppspec.patches.config.selection import select_worker
-from vllm_ppspec.policy import Mode
-from vllm_ppspec.worker_choice import acts, plugin_named, v2_refusal, v2_required
 
 PP_ASYNC_REFUSAL = "pipeline parallelism with async scheduling"
 
@@ -78,17 +80,14 @@ PATCHED_FLAG = "_vllm_ppspec_patched"
 ASYNC_KEPT_FLAG = "_vllm_ppspec_async_kept"
 
 
-def plugin_worker_selected(vllm_config: Any) -> bool:
-    return plugin_named(getattr(vllm_config.parallel_config, "worker_cls", None))
-
-
 def _wrap_unsupported_features(original: Any) -> Any:
     @functools.wraps(original)
     def wrapper(self: Any) -> list[str]:
         unsupported = list(original(self))
-        if not plugin_worker_selected(self):
+        plan = plan_of(self)
+        if not plan.worker:
             return unsupported
-        if pp_mode_on(self):
+        if plan.serves_pp:
             # Only the plugin's modes run its async round. Elsewhere (PP
             # without spec) the V1 runner's own PP + async path runs, which
             # vLLM refuses (#45014).
@@ -104,7 +103,7 @@ def _wrap_use_v2(original_prop: property) -> property:
 
     @functools.wraps(getter)
     def wrapper(self: Any) -> bool:
-        if not plugin_worker_selected(self):
+        if not plan_of(self).worker:
             return bool(getter(self))
         reason = v2_required(self)
         if reason is not None:
@@ -114,61 +113,43 @@ def _wrap_use_v2(original_prop: property) -> property:
     return property(wrapper)
 
 
-def pp_mode_on(vllm_config: Any) -> bool:
-    """The plugin acts here at PP > 1: its mode is SYNC or LANES, not OFF."""
-    return vllm_config.parallel_config.pipeline_parallel_size > 1 and acts(vllm_config)
-
-
 def _wrap_max_concurrent_batches(original_prop: property) -> property:
     getter = original_prop.fget
     assert getter is not None
 
     @functools.wraps(getter)
     def wrapper(self: Any) -> int:
-        if not pp_mode_on(self):
-            return int(getter(self))
-        return batches_in_flight(self)
+        n = plan_of(self).batches_in_flight
+        return int(getter(self)) if n is None else n
 
     return property(wrapper)
-
-
-def batches_in_flight(vllm_config: Any) -> int:
-    """Batches the engine keeps in flight under PP + spec with the plugin."""
-    pp = int(vllm_config.parallel_config.pipeline_parallel_size)
-    return policy.batches_in_flight(plugin_mode(vllm_config), pp)
-
-
-def plugin_mode(vllm_config: Any) -> Mode:
-    return policy.mode_of(
-        acts(vllm_config),
-        int(vllm_config.parallel_config.pipeline_parallel_size),
-        bool(vllm_config.scheduler_config.async_scheduling),
-        getattr(vllm_config.parallel_config, "distributed_executor_backend", None)
-        == "external_launcher",
-    )
 
 
 def _wrap_post_init(original: Any) -> Any:
     @functools.wraps(original)
     def wrapper(self: Any) -> None:
         select_worker(self)
-        stop_grace.note_config(self, plugin_worker_selected(self))
+        # Who serves is known once the worker is selected; the mode is settled
+        # after vLLM's own __post_init__ (which settles async scheduling).
+        serving = decide(self)
+        stop_grace.note_config(self, serving.acts)
         dp_sync_unset = self.parallel_config.disable_nccl_for_dp_synchronization is None
-        held = hold_async(self, pp_mode_on(self))
-        if adaptive_k.stand_in(self, pp_mode_on(self)):
+        held = hold_async(self, serving.serves_pp)
+        if adaptive_k.stand_in(self, serving.serves_pp):
             setattr(self.speculative_config, adaptive_k.STAND_IN_FLAG, True)
         original(self)
         if held:
             restore_async(self, dp_sync_unset)
             setattr(self.scheduler_config, ASYNC_KEPT_FLAG, True)  # see _wrap_cpu_check
-        qualname = policy.scheduler_of(plugin_mode(self))
+        plan = settle(self)
+        qualname = plan.scheduler
         if qualname is None:
             return
         sched = self.scheduler_config
         if sched.scheduler_cls is None or sched.scheduler_cls == qualname:
             sched.scheduler_cls = qualname
             return
-        if not policy.scheduler_serves(sched.get_scheduler_cls(), plugin_mode(self)):
+        if not policy.scheduler_serves(sched.get_scheduler_cls(), plan.mode):
             raise ValueError(
                 f"--scheduler-cls {sched.scheduler_cls!r} cannot run pipeline parallelism "
                 f"with speculative decoding under vllm-ppspec: remove --scheduler-cls, or "
@@ -202,7 +183,7 @@ def _wrap_cpu_check(original: Any) -> Any:
         requested = sched.async_scheduling
         func(cls, vllm_config)
         if requested is True and (
-            plugin_worker_selected(vllm_config) or getattr(sched, ASYNC_KEPT_FLAG, False)
+            plan_of(vllm_config).acts or getattr(sched, ASYNC_KEPT_FLAG, False)
         ):
             sched.async_scheduling = True
             setattr(sched, ASYNC_KEPT_FLAG, True)

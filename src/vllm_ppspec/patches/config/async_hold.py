@@ -28,7 +28,7 @@ from vllm_ppspec.patches.config.refusals import pp_spec_unsupported
 
 def refuses_pp_async_in_post_init() -> bool:
     """vLLM 0.33's ``__post_init__`` refuses PP + an explicit --async-scheduling."""
-    from vllm_ppspec.version_guard import vllm_at_least
+    from vllm_ppspec.compat.guard import vllm_at_least
 
     return vllm_at_least("0.33.0")
 

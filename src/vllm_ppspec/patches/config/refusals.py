@@ -2,7 +2,7 @@
 
 vLLM's ``_get_v1_model_runner_unsupported_features`` (wrapped in
 ``patches/config/__init__.py``) adds these reasons where the plugin acts
-(``worker_choice.acts``: its worker selected, on speculative decoding with
+(``Plan.acts``: its worker selected, on speculative decoding with
 PP > 1 or with DP > 1 on a MoE model), so vLLM raises its usual
 ``ValueError`` naming them. Elsewhere nothing is added: the plugin's worker,
 if named, runs as vLLM's own V1 worker.
@@ -12,13 +12,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_ppspec.unserved import why_unserved
-from vllm_ppspec.worker_choice import SUPPORTED_PP_METHODS, acts
+from vllm_ppspec.choice.plan import plan_of
+from vllm_ppspec.choice.unserved import why_unserved
+from vllm_ppspec.choice.worker import SUPPORTED_PP_METHODS
 
 
 def pp_spec_unsupported(vllm_config: Any) -> list[str]:
     """Reasons the plugin's worker cannot run this config, where it acts."""
-    if not acts(vllm_config):
+    if not plan_of(vllm_config).acts:
         return []
     spec = vllm_config.speculative_config
     pp = vllm_config.parallel_config.pipeline_parallel_size

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from vllm_ppspec import WORKER_QUALNAME
-from vllm_ppspec.worker_choice import (
+from vllm_ppspec.choice.worker import (
     AUTO_ENV,
     SUPPORTED_PP_METHODS,
     Choice,

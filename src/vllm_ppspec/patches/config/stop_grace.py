@@ -10,7 +10,7 @@ PP peers (``runner/health/orderly_stop.py``). On one host every worker dies toge
 across hosts the other node cannot tell the kill from a crash and reports a
 dead peer.
 
-With the plugin's worker serving a pipeline whose ranks sit on several nodes
+Where the plugin serves a pipeline whose ranks sit on several nodes
 (mp executor, :func:`pipeline_crosses_hosts`), the wrapper gives the engine
 core the window vLLM gives a stop with no timeout,
 ``VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS`` (5 s), as vLLM does for ROCm:
@@ -28,12 +28,13 @@ from typing import Any
 across_nodes = False
 
 
-def note_config(vllm_config: Any, plugin_worker: bool) -> None:
-    """Record a config built in this process (from ``VllmConfig.__post_init__``)."""
+def note_config(vllm_config: Any, plugin_acts: bool) -> None:
+    """Record a config built in this process (from ``VllmConfig.__post_init__``);
+    ``plugin_acts``: its plan's (``choice.plan.Plan.acts``)."""
     global across_nodes
     parallel = vllm_config.parallel_config
     if (
-        plugin_worker
+        plugin_acts
         and parallel.distributed_executor_backend == "mp"
         and pipeline_crosses_hosts(parallel)
     ):

@@ -32,6 +32,8 @@ import functools
 import time
 from typing import Any
 
+from vllm_ppspec.choice.plan import headless_node
+
 SLICE_S = 0.1
 _FLAG = "_vllm_ppspec_cancellable"
 
@@ -51,12 +53,6 @@ def cancellable(original: Any) -> Any:
 
     setattr(dequeue, _FLAG, True)
     return dequeue
-
-
-def headless_node(parallel_config: Any) -> bool:
-    """This worker's executor is a headless ``vllm serve``'s (its parent process)."""
-    backend = parallel_config.distributed_executor_backend
-    return backend == "mp" and parallel_config.node_rank_within_dp > 0
 
 
 def install_on_headless_worker(worker: Any) -> None:

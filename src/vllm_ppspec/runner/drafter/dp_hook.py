@@ -2,7 +2,7 @@
 
 :func:`install` wraps ``propose``, ``dummy_run`` and
 ``_determine_batch_execution_and_padding`` on a drafter (the class is
-untouched; ``vllm_ppspec.patches.REGISTRY`` lists them) so that each drafter
+untouched; ``vllm_ppspec.compat.registry.REGISTRY`` lists them) so that each drafter
 run agrees with the other DP ranks' before its first forward, by the protocol
 of :mod:`vllm_ppspec.protocol.dp_agreement` (which ranks, when, in what
 order, and what a disagreement does).
@@ -128,3 +128,32 @@ def install(drafter: Any, group: Any, dp_rank: int, disagree_at: int = 0) -> Non
     drafter.propose = run(drafter.propose, True, propose_forwards)
     drafter.dummy_run = run(drafter.dummy_run, False, dummy_forwards)
     drafter._determine_batch_execution_and_padding = determine_wrapper
+
+
+def install_for_runner(runner: Any) -> None:
+    """On a runner whose drafter has a model forward, at DP > 1, :func:`install`
+    the DP agreement on the DP group's gloo ``cpu_group`` (in every mode)."""
+    from vllm.distributed.parallel_state import get_dp_group
+    from vllm.logger import init_logger
+    from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
+
+    from vllm_ppspec.protocol import faults
+
+    drafter = getattr(runner, "drafter", None)
+    if not isinstance(drafter, SpecDecodeBaseProposer):  # none here, or no model forward
+        return
+    if runner.parallel_config.data_parallel_size <= 1:
+        return
+    fault = faults.Faults.from_env()
+    dp = get_dp_group()
+    install(
+        drafter,
+        dp.cpu_group,
+        dp.rank_in_group,
+        disagree_at=fault.at_step if fault.kind == "dp_disagree" else 0,
+    )
+    init_logger("vllm.ppspec").info(
+        "vllm-ppspec: drafter runs agreed across DP (rank %d of %d) on the DP gloo group",
+        dp.rank_in_group,
+        dp.world_size,
+    )

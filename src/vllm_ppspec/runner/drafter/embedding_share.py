@@ -26,7 +26,7 @@ hand over exactly the embeddings vLLM would have shared, and nothing else:
   copies weights into the drafter's own module and cannot change its width.
 
 The hashes of the two upstream functions mirrored here are pinned in
-:data:`vllm_ppspec.version_guard.MIRRORED_FUNCTIONS`.
+:data:`vllm_ppspec.compat.guard.MIRRORED_FUNCTIONS`.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def share_mode(drafter: Any) -> ShareMode:
         return ShareMode.NONE
     if impl is not SpecDecodeBaseProposer._maybe_share_embeddings:
         return ShareMode.UNSUPPORTED
-    from vllm_ppspec.version_guard import vllm_at_least
+    from vllm_ppspec.compat.guard import vllm_at_least
 
     model = drafter.model
     weightless = not isinstance(getattr(drafter_embedding(drafter), "weight", None), torch.Tensor)

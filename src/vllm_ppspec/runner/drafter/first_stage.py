@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from vllm_ppspec import policy
+from vllm_ppspec.choice import policy
 from vllm_ppspec.runner.view import RunnerView
 
 KEY = "ppspec_draft_token_ids"

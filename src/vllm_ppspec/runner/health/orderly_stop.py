@@ -29,7 +29,7 @@ import signal
 import threading
 from typing import Any
 
-from vllm_ppspec.patches.engine_core.remote_reads import headless_node
+from vllm_ppspec.choice.plan import headless_node
 from vllm_ppspec.runner.health import peer_watch
 
 __all__ = ["StopsInOrder", "headless_node"]

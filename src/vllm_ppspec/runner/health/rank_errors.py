@@ -31,6 +31,7 @@ from typing import Any
 from vllm.distributed.parallel_state import get_pp_group, get_tp_group
 from vllm.logger import init_logger
 
+from vllm_ppspec.choice.plan import OFF
 from vllm_ppspec.protocol.rounds import RoundDivergenceError
 
 # Under vLLM's "vllm" logger: its handler labels the line ERROR, with the
@@ -84,7 +85,7 @@ class RankErrorsEndEngine:
             return fn(*args, **kwargs)
         except Exception as e:
             raised_everywhere = isinstance(e, RoundDivergenceError) and e.every_rank
-            active = getattr(self.model_runner, "ppspec_active", False)
+            active = getattr(self.model_runner, "ppspec_plan", OFF).serves_pp
             if active and not raised_everywhere and not is_output_rank():
                 end_worker(e, f"{call} failed on a rank whose replies vLLM does not read")
             raise

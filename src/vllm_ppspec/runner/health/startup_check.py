@@ -28,7 +28,7 @@ vLLM's release (the messages vLLM's own code sends between the ranks; a local
 label such as ``+cu128`` is not compared), the mode, the pipeline size, the
 speculative method, ``k``, the draft's shape, ``max_num_seqs``, the target's
 layer split (``VLLM_PP_LAYER_PARTITION`` as the user set it or
-:mod:`vllm_ppspec.layer_split` chose it), and the switches of
+:mod:`vllm_ppspec.choice.layer_split` chose it), and the switches of
 :data:`AGREED_SWITCHES`, each as the plugin reads it (unset reads as its
 default). The plugin's own version is not in it: two builds that speak the same
 protocol work together. The variables of :data:`HOST_LOCAL_SWITCHES` may differ
@@ -40,6 +40,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from vllm_ppspec.compat.guard import installed_vllm_version
 from vllm_ppspec.protocol.agreement import (
     TIMEOUT_ENV,
     RankMissingError,
@@ -47,7 +48,6 @@ from vllm_ppspec.protocol.agreement import (
     gather,
     timeout_s,
 )
-from vllm_ppspec.version_guard import installed_vllm_version
 
 PROTOCOL_FIELD = "protocol"
 
@@ -57,7 +57,7 @@ AGREED_SWITCHES: dict[str, str] = {
     # Sync: batches in flight (max_concurrent_batches, which workers size buffers by).
     "VLLM_PPSPEC_ONE_BATCH": "0",
     # Adaptive K: where it is on, the config holds a stand-in schedule and vLLM
-    # captures CUDA graphs piecewise (patches/config/adaptive_k.py): every host alike.
+    # captures CUDA graphs piecewise (adaptive_k/__init__.py): every host alike.
     "VLLM_PPSPEC_ADAPTIVE_K": "0",
 }
 # VLLM_PPSPEC_* variables that may differ between hosts: name -> why.
@@ -91,7 +91,8 @@ def switch_value(name: str) -> str:
 
 def fingerprint(runner: Any, mode: str) -> dict[str, str]:
     """What must be equal on every PP rank, as strings."""
-    from vllm_ppspec import layer_split, protocol
+    from vllm_ppspec import protocol
+    from vllm_ppspec.choice import layer_split
 
     spec = runner.speculative_config
     draft = getattr(spec, "draft_model_config", None)

@@ -30,7 +30,7 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_ppspec.policy import Mode
+from vllm_ppspec.choice.policy import Mode
 from vllm_ppspec.runner.drafter.scope import drafter_hidden
 from vllm_ppspec.runner.view import RunnerView
 

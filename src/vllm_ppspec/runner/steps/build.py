@@ -1,6 +1,6 @@
 """Build this rank's steps for its mode once at runner set-up, and check the engine's scheduler.
 
-:func:`build_steps` turns the mode (``vllm_ppspec.policy``) and this rank's
+:func:`build_steps` turns the mode (``vllm_ppspec.choice.policy``) and this rank's
 place in the pipeline into one :class:`~vllm_ppspec.runner.steps.base.Steps`
 object: its parts, in the order their hooks run. Optional parts are built
 only where they act: hybrid models' accepted counts, EAGLE-3's relay on
@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_ppspec.policy import Mode, scheduler_of, scheduler_serves
+from vllm_ppspec.choice.policy import Mode, scheduler_of, scheduler_serves
 from vllm_ppspec.protocol import faults
 from vllm_ppspec.protocol.rounds import RoundChannel
 from vllm_ppspec.runner.clocks import Clocks

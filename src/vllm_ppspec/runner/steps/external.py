@@ -74,7 +74,7 @@ class ExternalReceiverSteps(ActiveSteps):
     no drafter runs here, the round's drafts stand for it."""
 
     def __init__(self, parts: list[Part], channel: RoundBroadcast) -> None:
-        from vllm_ppspec.policy import Mode
+        from vllm_ppspec.choice.policy import Mode
 
         super().__init__(Mode.EXTERNAL, parts, hides_drafter=True)
         self.channel = channel

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vllm_ppspec.version_data import SUPPORTED_VLLM_VERSIONS
+from vllm_ppspec.compat.data import SUPPORTED_VLLM_VERSIONS
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Choose K for each batch size from measured step cost and acceptance.
 
-Pure arithmetic, no vLLM: :mod:`vllm_ppspec.sched.adaptive_k` feeds it what
+Pure arithmetic, no vLLM: :mod:`vllm_ppspec.adaptive_k.chooser` feeds it what
 the scheduler saw and turns the result into vLLM's schedule.
 
 * :class:`Acceptance` counts, per draft position ``i``, the rounds whose

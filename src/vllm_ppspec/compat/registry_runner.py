@@ -3,7 +3,7 @@ object (a drafter instance) or for the length of one call. No vLLM import."""
 
 from __future__ import annotations
 
-from vllm_ppspec.patches.patch import Patch
+from vllm_ppspec.compat.patch import Patch
 
 RUNNER_PATCHES: tuple[Patch, ...] = (
     Patch(

@@ -37,7 +37,7 @@ WHY_UNSERVED: dict[str, str] = {
 
 def why_unserved(method: str) -> str:
     """Why the plugin does not run ``method`` under PP, and what to run instead."""
-    from vllm_ppspec.worker_choice import SUPPORTED_PP_METHODS
+    from vllm_ppspec.choice.worker import SUPPORTED_PP_METHODS
 
     served = ", ".join(SUPPORTED_PP_METHODS)
     why = WHY_UNSERVED.get(method, "the plugin has no test of it")

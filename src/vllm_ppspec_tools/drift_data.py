@@ -2,7 +2,7 @@
 
 The V1 runner's modules (:data:`V1_RUNNER_MODULES`: every name the plugin uses
 in them is gone with the runner), the other drift of 0.34.0 read and explained
-(:data:`EXPLAINED_0_34`, merged into ``version_data.EXPLAINED_DRIFT``), and
+(:data:`EXPLAINED_0_34`), the drift read and explained per release (:data:`EXPLAINED_DRIFT`), and
 the Model Runner V2 names a port of the plugin would subclass, wrap or call
 (:data:`V2_RUNNER_NAMES`: the names of docs/on-model-runner-v2.md, which
 tests/test_v2_runner_page.py keeps equal to this list). ``vllm_ppspec_tools.drift``
@@ -133,3 +133,88 @@ V2_RUNNER_NAMES: tuple[tuple[str, str], ...] = (
     ("vllm.distributed.parallel_state", "GroupCoordinator.make_sibling_device_group"),
     ("vllm.distributed.parallel_state", "in_the_same_node_as"),
 )
+
+
+# Per vLLM release: drift the drift tool may report that has been read and
+# handled ("module:qualname" -> what the plugin does about it). A release is
+# supported once its drift is all explained here and its e2e cases pass.
+# docs/design.md, "vLLM 0.33", says the same at more length. 0.34.0 removed the
+# V1 runner and is not supported: its drift beside the V1 runner's modules is
+# in EXPLAINED_0_34 above.
+EXPLAINED_DRIFT: dict[str, dict[str, str]] = {
+    "0.33.0": {
+        "vllm.v1.spec_decode.llm_base_proposer:SpecDecodeBaseProposer._maybe_share_embeddings": (
+            "an EAGLE-flagged head whose embed_tokens has no weight (0.33's NemotronH MTP "
+            "builds it as None) is now shared at any width instead of raising: "
+            "embedding_share.share_mode returns REPLACE on 0.33, and the hand-over installs "
+            "the target's embedding in its place (TP = 1); pinned per version"
+        ),
+        "vllm.v1.worker.gpu_model_runner:GPUModelRunner._build_attention_metadata": (
+            "the multimodal prefix ranges moved into compute_mm_prefix_ranges; its uses "
+            "of self.drafter, which the plugin hides on non-last ranks, are unchanged"
+        ),
+        "vllm.v1.worker.gpu_model_runner:GPUModelRunner.__init__": (
+            "the medusa proposer is gone (0.33's config has no medusa method; the plugin "
+            "runs medusa on 0.32 only) and the plugin calls __init__ unchanged"
+        ),
+        "vllm.v1.worker.gpu_model_runner:GPUModelRunner.propose_draft_token_ids": (
+            "its medusa branch is gone with 0.33's medusa proposer; the plugin's override "
+            "(runner/mixin.py) calls it unchanged, inside the suffix drafter's scope "
+            "(runner/drafter/suffix_requests.py) for method suffix only"
+        ),
+        "vllm.v1.core.sched.scheduler:Scheduler.__init__": (
+            "new state (deferred async loads, local prefill cadence, can_skip_drafts, "
+            "hash lookahead) set before the plugin's schedulers add theirs; can_skip_drafts "
+            "is False on the V1 runner the plugin uses, so every step still drafts"
+        ),
+        "vllm.v1.core.sched.scheduler:Scheduler.schedule": (
+            "local prefill cadence (off at the default prefill_schedule_interval 1), "
+            "skip_drafts (False on V1), priority self-preemption, aux-output caps: "
+            "the plugin's schedule_without still hides requests from it and calls it "
+            "unchanged; the e2e cases on the overlay check the tokens"
+        ),
+        "vllm.v1.core.sched.scheduler:Scheduler.update_from_output": (
+            "caches blocks up to num_computed_tokens - num_in_flight_tokens after each "
+            "output under spec (sync too), and re-enqueues resumable requests; "
+            "num_in_flight_tokens is kept by the base class's own schedule / update, "
+            "which the plugin's schedulers call, so blocks of a batch still in the "
+            "pipeline are not cached"
+        ),
+        "vllm.distributed.parallel_state:initialize_model_parallel": (
+            "DeepseekV41's engram DP group may span the whole DP group and then reuses it; "
+            "patches.config.deployment_check's wrapper calls it unchanged and gathers on the world "
+            "group only after it returned"
+        ),
+        "vllm.v1.engine.utils:get_engine_process_shutdown_timeout": (
+            "an explicitly set VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS now gives the window on "
+            "every platform: patches.config.stop_grace keeps any window vLLM gives and adds "
+            "its own (that variable's value) only where vLLM's is still 0"
+        ),
+        "vllm.v1.worker.gpu_worker:Worker.init_device": (
+            "the local GPU index now comes from parallel_config.get_local_gpu_index, and "
+            "cuBLAS handles are made before the memory snapshot (CUDA only); the plugin's "
+            "wrapper (runner/health/orderly_stop.StopsInOrder.init_device) only records the node "
+            "kind and installs the remote-read patch before calling it unchanged"
+        ),
+        "vllm.config.vllm:VllmConfig.__post_init__": (
+            "an explicit --async-scheduling with PP > 1 on the V1 runner now raises here, "
+            "before the platform hook: patches.config.async_hold lifts that refusal alone, for "
+            "PP + spec with the plugin's worker (0.33 only); its other explicit-async refusals "
+            "(ngram, disable_padded_drafter_batch) stay vLLM's"
+        ),
+        "vllm.config.vllm:VllmConfig._get_v1_model_runner_unsupported_features": (
+            "new refusals (xpress, draft lm_head quantization, the Parse MTP draft) that "
+            "the plugin keeps; it still drops only 'pipeline parallelism with async "
+            "scheduling' under PP + spec"
+        ),
+        "vllm.config.vllm:VllmConfig.use_v2_model_runner": (
+            "the Triton fallback warning skips the unspecified platform; the plugin's "
+            "wrapper returns False (V1) with its worker, as before"
+        ),
+        "vllm.platforms.cpu:CpuPlatform.check_and_update_config": (
+            "the default CPU block size is no longer forced to 128; the hook still turns "
+            "async scheduling off, and the plugin's wrapper still keeps an explicit one"
+        ),
+    },
+    "0.34.0": EXPLAINED_0_34,
+}

@@ -213,7 +213,7 @@ def estimate(vllm_config: Any) -> Stages | None:
 def drafter_on_first_stage(vllm_config: Any) -> bool:
     """The draft model runs on the first stage (``policy.drafter_placement_of``, as the
     runner decides: runner/drafter/first_stage.py)."""
-    from vllm_ppspec import policy
+    from vllm_ppspec.choice import policy
 
     return policy.drafter_placement_of(vllm_config) is None
 
@@ -249,9 +249,9 @@ def apply(vllm_config: Any) -> str | None:
     balanced split, unless the user set it. Returns the split in force there
     (None: vLLM's even split, or not such a line)."""
     global _set_here
-    from vllm_ppspec.worker_choice import acts
+    from vllm_ppspec.choice.plan import plan_of
 
-    if int(vllm_config.parallel_config.pipeline_parallel_size) <= 1 or not acts(vllm_config):
+    if not plan_of(vllm_config).serves_pp:
         return None
     current = os.environ.get(ENV)
     if current is not None and current != _set_here:

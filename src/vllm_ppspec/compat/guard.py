@@ -4,19 +4,19 @@ vllm-ppspec subclasses vLLM's V1 model runner and overrides or calls methods
 that are not public API. Importing the runner or worker modules runs
 :func:`check_vllm`, which refuses any vLLM version but the supported ones and
 reports every private name that is missing (:data:`PRIVATE_NAMES`: the
-names it uses, from :mod:`vllm_ppspec.version_data`, and the names it patches,
-the targets of :data:`vllm_ppspec.patches.REGISTRY`). The hash pins of the
+names it uses, from :mod:`vllm_ppspec.compat.data`, and the names it patches,
+the targets of :data:`vllm_ppspec.compat.registry.REGISTRY`). The hash pins of the
 copied upstream functions and the explained drift are data, in
-:mod:`vllm_ppspec.version_data`.
+:mod:`vllm_ppspec.compat.data`.
 """
 
 from __future__ import annotations
 
 import importlib
 
-from vllm_ppspec import version_data
-from vllm_ppspec.patches import PATCHED_PRIVATE_NAMES
-from vllm_ppspec.version_data import REFERENCE_VLLM_VERSION, SUPPORTED_VLLM_VERSIONS
+from vllm_ppspec.compat import data as version_data
+from vllm_ppspec.compat.data import REFERENCE_VLLM_VERSION, SUPPORTED_VLLM_VERSIONS
+from vllm_ppspec.compat.registry import PATCHED_PRIVATE_NAMES
 
 # Every vLLM private name the plugin relies on, as (module, attribute path):
 # those it uses, and those it patches (derived from the registry's targets).
@@ -108,9 +108,9 @@ def supported_text() -> str:
 def check_version(version: str | None = None) -> None:
     """Raise VLLMVersionError unless vLLM is a supported release, any local label
     (cheap: no runner import). On the installed vLLM without the V1 runner the
-    error is :func:`~vllm_ppspec.no_v1_runner.refusal`'s."""
+    error is :func:`~vllm_ppspec.compat.no_v1_runner.refusal`'s."""
     if version is None:
-        from vllm_ppspec import no_v1_runner
+        from vllm_ppspec.compat import no_v1_runner
 
         version = installed_vllm_label()
         if base_version(version) not in SUPPORTED_VLLM_VERSIONS and no_v1_runner.removed():

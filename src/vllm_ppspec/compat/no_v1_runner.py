@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from vllm_ppspec.version_data import REFERENCE_VLLM_VERSION, SUPPORTED_VLLM_VERSIONS
+from vllm_ppspec.compat.data import REFERENCE_VLLM_VERSION, SUPPORTED_VLLM_VERSIONS
 
 # The module of the V1 runner the plugin extends; absent from 0.34.0 on.
 V1_RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"

@@ -7,8 +7,8 @@ is and where it is installed); the ``runner`` group's entries are in
 
 from __future__ import annotations
 
-from vllm_ppspec.patches.patch import Patch
-from vllm_ppspec.patches.registry_runner import RUNNER_PATCHES
+from vllm_ppspec.compat.patch import Patch
+from vllm_ppspec.compat.registry_runner import RUNNER_PATCHES
 
 REGISTRY: tuple[Patch, ...] = (
     Patch(
@@ -243,3 +243,28 @@ REGISTRY: tuple[Patch, ...] = (
         cpu_only=True,
     ),
 ) + RUNNER_PATCHES
+
+
+# The vLLM names wrapped in place in every process ("config" entries), as
+# (module, qualname): the plugin hook undoes them on a failed install, and
+# the drift tool compares their upstream bodies release to release.
+PATCHED_NAMES: tuple[tuple[str, str], ...] = tuple(
+    dict.fromkeys(
+        tuple(target.split(":"))  # type: ignore[misc]
+        for patch in REGISTRY
+        if patch.when == "config"
+        for target in patch.targets
+    )
+)
+
+
+# Every registry target (checked_at_import) as (module, qualname), for the version check's
+# PRIVATE_NAMES (compat/guard.py): each must exist in every supported release.
+PATCHED_PRIVATE_NAMES: tuple[tuple[str, str], ...] = tuple(
+    dict.fromkeys(
+        tuple(target.split(":"))  # type: ignore[misc]
+        for patch in REGISTRY
+        if patch.checked_at_import
+        for target in patch.targets
+    )
+)

@@ -1,19 +1,30 @@
-"""Adaptive K on the config: a static-K schedule stood in for the measured one.
+"""Adaptive K: with ``VLLM_PPSPEC_ADAPTIVE_K=1`` the plugin's schedulers choose K by batch size.
 
-With ``VLLM_PPSPEC_ADAPTIVE_K=1`` the plugin's schedulers choose K by batch
-size while they serve (:mod:`vllm_ppspec.sched.adaptive_k`). vLLM must know
-beforehand that K will change at run time; this module tells it, before
-``VllmConfig.__post_init__``.
+The room holds all of it:
+
+* here, the switch (:func:`enabled`) and the config's side: vLLM must know
+  beforehand that K will change at run time, so a static-K schedule stands in
+  for the measured one before ``VllmConfig.__post_init__`` (:func:`stand_in`,
+  called by the config patch);
+* :mod:`.chooser`: what the schedulers measure while they serve, and the
+  schedule they set;
+* :mod:`.k_model`: the batch-cost fit and the choice of K (pure arithmetic).
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
-from vllm_ppspec import policy
+ENV = "VLLM_PPSPEC_ADAPTIVE_K"
 
 # On the speculative config: the schedule there is this module's stand-in.
 STAND_IN_FLAG = "_vllm_ppspec_adaptive_k"
+
+
+def enabled() -> bool:
+    """``VLLM_PPSPEC_ADAPTIVE_K=1``."""
+    return os.environ.get(ENV) == "1"
 
 
 def stand_in(vllm_config: Any, plugin_acts: bool) -> bool:
@@ -26,7 +37,7 @@ def stand_in(vllm_config: Any, plugin_acts: bool) -> bool:
     replaces the schedule once measured. A user's schedule is left alone.
     Whether it stood one in (the caller then sets :data:`STAND_IN_FLAG`)."""
     spec = vllm_config.speculative_config
-    if not policy.adaptive_k() or not plugin_acts or spec is None:
+    if not enabled() or not plugin_acts or spec is None:
         return False
     if spec.num_speculative_tokens_per_batch_size or not spec.num_speculative_tokens:
         return False

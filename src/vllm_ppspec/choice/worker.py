@@ -4,9 +4,8 @@
 decoding with PP > 1, or with DP > 1 on a MoE target (vLLM runs a MoE
 model's DP ranks as one engine, whose drafter runs must agree across ranks;
 a dense model's DP ranks run as independent DP=1 engines, where vLLM's own
-worker serves spec). :func:`acts` applies it to a built config whose worker is
-the plugin's; the selection (:func:`decide`), the refusals, the deployment
-check and the runner's mode all read it.
+worker serves spec). The plan of a config (:mod:`vllm_ppspec.choice.plan`)
+applies it once; the selection (:func:`decide`) applies it to the facts.
 
 Decided once per config, before vLLM's ``VllmConfig.__post_init__`` turns
 ``--worker-cls auto`` into its own worker. The plugin extends vLLM's V1 model
@@ -130,14 +129,6 @@ def line_of(vllm_config: Any) -> tuple[int, int, str | None, bool]:
 def _is_moe(vllm_config: Any) -> bool:
     model_config = getattr(vllm_config, "model_config", None)
     return bool(model_config is not None and model_config.is_moe)
-
-
-def acts(vllm_config: Any) -> bool:
-    """The plugin acts on this config: its worker is selected (by
-    :func:`decide` or by name) and the line is one it serves (:func:`plugin_line`).
-    Elsewhere its worker, if named, runs as vLLM's V1 worker with its mode off."""
-    worker = getattr(vllm_config.parallel_config, "worker_cls", None)
-    return plugin_named(worker) and plugin_line(*line_of(vllm_config))
 
 
 def decide(f: Facts) -> Decision:

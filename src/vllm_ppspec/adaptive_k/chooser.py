@@ -15,7 +15,7 @@ while they serve, then set vLLM's own schedule, ``Scheduler.dynamic_sd_lookup``
   how many were accepted (counted since the start).
 * **Choosing.** Once :data:`BATCHES_ENV` (default 200) decode batches are in,
   and again each time a quarter of that window is new,
-  :mod:`vllm_ppspec.sched.k_model` fits the batch cost over the window and
+  :mod:`vllm_ppspec.adaptive_k.k_model` fits the batch cost over the window and
   moves, for every batch size, the K that runs one step toward the K with the
   most tokens per second, where the fit says the step gains over 2%. The
   schedule is logged where K changed for a batch size the window ran. Until
@@ -40,13 +40,11 @@ from typing import Any
 
 from vllm.logger import init_logger
 
-from vllm_ppspec import policy
-from vllm_ppspec.patches.config.adaptive_k import STAND_IN_FLAG
-from vllm_ppspec.sched import k_model
+from vllm_ppspec.adaptive_k import ENV, STAND_IN_FLAG, enabled, k_model
 
 logger = init_logger("vllm.ppspec")
 
-ADAPTIVE_ENV = policy.ADAPTIVE_K_ENV
+ADAPTIVE_ENV = ENV
 BATCHES_ENV = "VLLM_PPSPEC_ADAPTIVE_K_BATCHES"
 DEFAULT_BATCHES = 200
 EXPLORE = 0.1  # share of batches run at the chosen K - 1 or K + 1
@@ -55,7 +53,7 @@ REFIT = 0.25  # choose again after this share of the window is new
 
 def start(sched: Any) -> AdaptiveK | None:
     """The adaptive K of a plugin scheduler, or None where it stays off (logged)."""
-    if not policy.adaptive_k():
+    if not enabled():
         return None
     spec = sched.vllm_config.speculative_config
     k = int(getattr(sched, "num_spec_tokens", 0) or 0)

@@ -26,10 +26,6 @@ import os
 # moderate load (docs/measurements.md, "One batch or PP batches").
 ONE_BATCH_ENV = "VLLM_PPSPEC_ONE_BATCH"
 
-# K by batch size, measured and chosen by the plugin's schedulers
-# (sched/adaptive_k.py, patches/config/adaptive_k.py).
-ADAPTIVE_K_ENV = "VLLM_PPSPEC_ADAPTIVE_K"
-
 # Where a draft model runs under sync scheduling: "last" (vLLM's place) or
 # "first" (runner/drafter/first_stage.py).
 DRAFTER_STAGE_ENV = "VLLM_PPSPEC_DRAFTER_STAGE"
@@ -55,10 +51,6 @@ def mode_of(
     if external_launcher:
         return Mode.EXTERNAL
     return Mode.LANES if async_scheduling else Mode.SYNC
-
-
-def adaptive_k() -> bool:
-    return os.environ.get(ADAPTIVE_K_ENV) == "1"
 
 
 def one_batch() -> bool:
