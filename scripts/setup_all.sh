@@ -5,9 +5,9 @@
 #   setup_all.sh venv     .venv (scripts/setup.sh) with suffix decoding's proposer
 #                         (scripts/setup_suffix.sh), downloads started alongside
 #   setup_all.sh overlay  once their wheels are downloaded, .venv-0.33 and
-#                         .venv-0.34 (scripts/setup_overlay.sh), and the real
-#                         model converted (fixtures/real_model.py; cached; the real
-#                         pair is converted by its test's first use: fixtures/real_pair.py)
+#                         .venv-0.34 (scripts/setup_overlay.sh), the real model
+#                         and the real pair converted (fixtures/real_model.py,
+#                         fixtures/real_pair.py; cached)
 #
 # .ci/run runs "venv", then "overlay" beside the unit tests, which need neither.
 set -euo pipefail
@@ -24,4 +24,5 @@ if [ "$stage" = all ] || [ "$stage" = overlay ]; then
   bash scripts/downloads.sh wait vllm-0.34.0
   bash scripts/setup_overlay.sh 0.34.0
   .venv/bin/python -m vllm_ppspec_tools.fixtures.real_model
+  .venv/bin/python -m vllm_ppspec_tools.fixtures.real_pair
 fi

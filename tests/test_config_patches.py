@@ -113,20 +113,26 @@ def test_v1_async_pp_refusal_is_lifted_for_pp_spec_with_the_plugin_worker_only(t
     assert PP_ASYNC in stock._get_v1_model_runner_unsupported_features()
 
 
-def test_pp_async_without_spec_keeps_vllms_refusal_with_the_plugin_worker(target):
-    """Without spec the plugin changes nothing, so vLLM's #45014 refusal stands
-    (0.32 raises it from the unsupported-features list, 0.33 earlier, in
-    ``__post_init__``: each version's own message)."""
+def test_pp_async_without_spec_with_the_plugin_worker_is_as_vllms_own(target):
+    """Without spec the plugin does not act, so its worker named does what vLLM's
+    own does: vLLM's #45014 refusal stays in the unsupported features; 0.33
+    refuses in ``__post_init__``; 0.32's CPU platform turns async off (the
+    plugin keeps an explicit ``--async-scheduling`` only where it acts)."""
     nospec = _config(target, pipeline_parallel_size=2, worker_cls=WORKER_QUALNAME)
     nospec.scheduler_config.async_scheduling = True
     assert PP_ASYNC in nospec._get_v1_model_runner_unsupported_features()
-    refusal = (
-        "Async scheduling is not supported by the V1 model runner with pipeline parallelism"
-        if version_guard.vllm_at_least("0.33.0")
-        else "Model Runner V1 does not support: " + PP_ASYNC
-    )
-    with pytest.raises(ValueError, match=refusal):
-        _config(target, pipeline_parallel_size=2, worker_cls=WORKER_QUALNAME, async_scheduling=True)
+
+    def built(worker: str):
+        return _config(target, pipeline_parallel_size=2, worker_cls=worker, async_scheduling=True)
+
+    if version_guard.vllm_at_least("0.33.0"):
+        refusal = "Async scheduling is not supported by the V1 model runner with pipeline"
+        for worker in (WORKER_QUALNAME, "auto"):
+            with pytest.raises(ValueError, match=refusal):
+                built(worker)
+    else:
+        assert built(WORKER_QUALNAME).scheduler_config.async_scheduling is False
+        assert built("auto").scheduler_config.async_scheduling is False
 
 
 def test_pp_async_spec_config_is_accepted_with_the_plugin_worker(target, models):
@@ -206,7 +212,9 @@ def test_the_kept_async_survives_the_draft_models_copy_of_the_config(target, mod
         model_config=spec.draft_model_config,
     )
     assert draft.scheduler_config is ours.scheduler_config
-    assert ours.scheduler_config.async_scheduling is True
+    # Kept where the plugin acts (PP = 2); at PP = 1 it does not, and vLLM's CPU
+    # platform turns async off for the config and its copy alike.
+    assert ours.scheduler_config.async_scheduling is (pp > 1)
 
 
 def test_plugin_worker_always_uses_the_v1_runner(target, monkeypatch):

@@ -286,7 +286,6 @@ def _set_up_runner(monkeypatch, spec: bool):
     runner._get_draft_token_ids_cpu = lambda: ([], [])
     runner.take_draft_token_ids = lambda: None
     runner.use_async_spec_decode = False
-    runner.vllm_config = None  # check_engine_mode stands in above
     runner.max_num_reqs = 8
     runner.speculative_config = (
         SimpleNamespace(method="draft_model", num_speculative_tokens=K) if spec else None
@@ -298,6 +297,12 @@ def _set_up_runner(monkeypatch, spec: bool):
     runner.num_spec_tokens = K if spec else 0
     runner.scheduler_config = SimpleNamespace(max_num_seqs=8)
     runner.parallel_config.pipeline_parallel_size = 2
+    runner.parallel_config.worker_cls = "vllm_ppspec.worker.PPSpecWorker"
+    runner.vllm_config = SimpleNamespace(  # the plan is read from it
+        parallel_config=runner.parallel_config,
+        speculative_config=runner.speculative_config,
+        scheduler_config=SimpleNamespace(async_scheduling=False),
+    )
     runner._ppspec_setup()
     # PP + spec: the start-up check ran once, with this rank's fingerprint.
     assert len(agreed) == (1 if spec else 0), agreed

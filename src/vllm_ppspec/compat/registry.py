@@ -75,9 +75,14 @@ REGISTRY: tuple[Patch, ...] = (
             "plugin's would be found only by the runner's start-up timeout, or never"
         ),
         how=(
-            "for speculative decoding with PP > 1 or DP > 1 only, after vLLM built its "
-            "groups: one gloo gather of each rank's worker, runner, mode and vLLM release "
-            "on the world group; a difference raises on every rank, naming it"
+            "after vLLM built its groups, where the world has more than one rank and the "
+            "config's plan checks the deployment (a line the plugin serves: speculative "
+            "decoding with PP > 1, or DP > 1 on a MoE model, whoever's worker): each rank "
+            "posts its worker, runner, mode and vLLM release on the world group's store; "
+            "a rank where the plugin acts waits for every post and raises on a difference "
+            "on every rank, naming it; a rank where it does not act watches for that "
+            "refusal from a thread until the start-up timeout. Elsewhere nothing is "
+            "posted and no thread starts"
         ),
         upstream="none found; vllm/distributed/parallel_state.py:initialize_model_parallel",
         remove_when="vLLM serves speculative decoding with PP and DP on the runner users run",
