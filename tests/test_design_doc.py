@@ -1,8 +1,9 @@
 """docs/design.md describes the code as it is.
 
-- Its "Layout" section lists every module of ``src/vllm_ppspec`` once, and
-  every path it lists exists (each fenced block starts with its root, e.g.
-  ``src/vllm_ppspec/``, and lists one module per line relative to it).
+- Its "Layout" section maps ``src/vllm_ppspec``: every folder that holds a
+  module once, and every module of the package root once; every path it lists
+  exists (each fenced block starts with its root, e.g. ``src/vllm_ppspec/``,
+  and lists one folder or module per line relative to it).
 - Its table of hooks per mode matches the steps classes in ``runner/``.
 - It carries no dates and no name of the removed comparison modes.
 - Every ``vllm_ppspec...`` dotted name and every ``something.py`` path it
@@ -46,7 +47,7 @@ def section(text: str, title: str) -> str:
 
 
 def layout_blocks(text: str) -> dict[str, list[str]]:
-    """Each fenced block of "Layout": its root folder -> the module paths listed."""
+    """Each fenced block of "Layout": its root folder -> the folders and modules listed."""
     blocks: dict[str, list[str]] = {}
     for block in FENCE.findall(section(text, "Layout")):
         lines = block.splitlines()
@@ -54,20 +55,24 @@ def layout_blocks(text: str) -> dict[str, list[str]]:
         blocks[root] = [
             line.split()[0]
             for line in lines[1:]
-            if line.startswith(" ") and line.split() and line.split()[0].endswith(".py")
+            if line.startswith(" ") and line.split() and line.split()[0].endswith((".py", "/"))
         ]
     return blocks
 
 
-def test_the_layout_lists_every_plugin_module_once():
+def test_the_layout_maps_every_plugin_folder_and_root_module_once():
     listed = layout_blocks(design_text()).get("src/vllm_ppspec/")
     assert listed is not None, 'no "src/vllm_ppspec/" block in "Layout"'
-    tree = {p.relative_to(PLUGIN).as_posix() for p in PLUGIN.rglob("*.py")}
+    tree = {p.name for p in PLUGIN.glob("*.py")} | {
+        p.parent.relative_to(PLUGIN).as_posix() + "/"
+        for p in PLUGIN.rglob("*.py")
+        if p.parent != PLUGIN
+    }
     duplicates = sorted({p for p in listed if listed.count(p) > 1})
     assert not duplicates, f"listed more than once: {duplicates}"
     missing, extra = sorted(tree - set(listed)), sorted(set(listed) - tree)
-    assert not missing, f"modules missing from Layout: {missing}"
-    assert not extra, f"Layout lists no such module: {extra}"
+    assert not missing, f"missing from the Layout map: {missing}"
+    assert not extra, f"the Layout map lists no such folder or module: {extra}"
 
 
 def test_every_path_in_the_layout_exists():
@@ -77,7 +82,7 @@ def test_every_path_in_the_layout_exists():
         f"{root}{path}"
         for root, paths in blocks.items()
         for path in paths
-        if not (REPO / root / path).is_file()
+        if not (REPO / root / path).exists()
     ]
     assert not missing, f"Layout lists missing files: {missing}"
 
