@@ -19,6 +19,7 @@ from tests.distributed import run_ranks
 from vllm_ppspec.protocol import PROTOCOL
 from vllm_ppspec.runner.health.startup_check import (
     AGREED_SWITCHES,
+    COMPARED_AS_FIELDS,
     HOST_LOCAL_SWITCHES,
     StartupMismatchError,
     agree,
@@ -117,7 +118,12 @@ def test_the_fingerprint_holds_exactly_what_must_agree(monkeypatch):
 
     from vllm_ppspec import protocol
 
-    for name in [*AGREED_SWITCHES, *HOST_LOCAL_SWITCHES, "VLLM_PP_LAYER_PARTITION"]:
+    for name in [
+        *AGREED_SWITCHES,
+        *HOST_LOCAL_SWITCHES,
+        *COMPARED_AS_FIELDS,
+        "VLLM_PP_LAYER_PARTITION",
+    ]:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("VLLM_PPSPEC_STARTUP_TIMEOUT", "5")  # host-local: not in it
     monkeypatch.setenv("VLLM_PPSPEC_DP_AGREE_TIMEOUT", "9")  # host-local: not in it
@@ -133,6 +139,7 @@ def test_the_fingerprint_holds_exactly_what_must_agree(monkeypatch):
         "draft hidden_size": "64",
         "max_num_seqs": "16",
         "target layer split ($VLLM_PP_LAYER_PARTITION)": "vLLM's even split",
+        "layer split rule ($VLLM_PPSPEC_LAYER_SPLIT)": "weights",  # unset: the default
         "$VLLM_PPSPEC_ONE_BATCH": "0",  # unset: its default
         "$VLLM_PPSPEC_ADAPTIVE_K": "0",
     }
@@ -142,8 +149,9 @@ def test_every_vllm_ppspec_variable_in_the_source_is_classified_once():
     src = Path(__file__).resolve().parent.parent / "src"
     text = "\n".join(p.read_text() for p in src.rglob("*.py"))
     names = set(re.findall(r"VLLM_PPSPEC_[A-Z0-9_]*[A-Z0-9]", text))
-    assert not set(AGREED_SWITCHES) & set(HOST_LOCAL_SWITCHES)
-    assert names - set(AGREED_SWITCHES) - set(HOST_LOCAL_SWITCHES) == set()
+    classes = [set(AGREED_SWITCHES), set(HOST_LOCAL_SWITCHES), set(COMPARED_AS_FIELDS)]
+    assert sum(len(c) for c in classes) == len(set.union(*classes))  # each in one class
+    assert names - set.union(*classes) == set()
 
 
 # Rank 1's change per case; every other rank runs the stand-in unchanged, with
@@ -162,6 +170,8 @@ MUST_AGREE = {
     "max_num_seqs": {"runner": {"max_num_seqs": 8}},
     # One host set the split (or the plugin chose another): the layers would not line up.
     "target layer split ($VLLM_PP_LAYER_PARTITION)": {"env": {"VLLM_PP_LAYER_PARTITION": "3,1"}},
+    # One host measures the split, the other takes the weights rule's.
+    "layer split rule ($VLLM_PPSPEC_LAYER_SPLIT)": {"env": {"VLLM_PPSPEC_LAYER_SPLIT": "measured"}},
     "$VLLM_PPSPEC_ONE_BATCH": {"env": {"VLLM_PPSPEC_ONE_BATCH": "1"}},
     # Adaptive K on one host only: CUDA graphs captured piecewise there alone.
     "$VLLM_PPSPEC_ADAPTIVE_K": {"env": {"VLLM_PPSPEC_ADAPTIVE_K": "1"}},
@@ -199,7 +209,12 @@ def _fingerprint_as(change: dict[str, Any]) -> dict[str, str]:
     import vllm_ppspec
     from vllm_ppspec import protocol
 
-    for name in [*AGREED_SWITCHES, *HOST_LOCAL_SWITCHES, "VLLM_PP_LAYER_PARTITION"]:
+    for name in [
+        *AGREED_SWITCHES,
+        *HOST_LOCAL_SWITCHES,
+        *COMPARED_AS_FIELDS,
+        "VLLM_PP_LAYER_PARTITION",
+    ]:
         os.environ.pop(name, None)
     os.environ.update(change.get("env", {}))
     saved = protocol.PROTOCOL, vllm.__version__, vllm_ppspec.__version__

@@ -1,36 +1,27 @@
-"""The target's layer split between PP stages, balanced for speculative decoding.
+"""The target's layer split between PP stages, by one of three rules.
 
 Besides its share of the target's layers, the last PP stage runs the target's
-LM head over every verified position (k + 1 per request) and the drafter; vLLM
-splits the layers evenly (``vllm.distributed.utils.get_pp_indices``), so under
-PP + spec the last stage sets the pace and the others wait
-(docs/measurements.md, "Balanced stages"). On the lines the plugin serves at
-PP > 1, where ``VLLM_PP_LAYER_PARTITION`` is not set, each worker sets that
-variable (vLLM's own knob, read when the model is built) to the split whose
-stages' estimated work per step is most equal, before vLLM builds anything
-that reads it. The user's ``VLLM_PP_LAYER_PARTITION`` always wins; every PP
-rank computes the same split from the same configs, and the start-up check
-compares it (``runner/health/startup_check.py``).
+LM head over every verified position (k + 1 per request) and the drafter (or
+the first stage runs the drafter: runner/drafter/first_stage.py); and the
+stages' hosts may differ in speed and memory. vLLM splits the layers evenly
+(``vllm.distributed.utils.get_pp_indices``). On the lines the plugin serves at
+PP > 1, where ``VLLM_PP_LAYER_PARTITION`` is not set, the plugin sets that
+variable (vLLM's own knob, read when the model is built) by the rule
+``VLLM_PPSPEC_LAYER_SPLIT`` names (:data:`RULES`):
 
-The estimate counts the weights each stage reads per step, from the configs'
-sizes (no timing, so every host computes the same): at the batch sizes of
-decoding a forward pass costs about its weights read, whatever the tokens (on
-this machine a SmolLM2 layer over 4 and over 64 rows: 0.7 and 4.8 ms, its LM
-head 12.1 and 44.9 ms; the bench's one-layer draft model, 3 passes, about 3.5
-target layers).
+* ``even``: vLLM's split;
+* ``weights`` (the default): the split whose stages' estimated work per step
+  (:mod:`.stage_work`: parameters read) is most equal, among those whose
+  heaviest stage holds no more weights than vLLM's even split's heaviest, so a
+  model that fits evenly still fits (:func:`choose`). Every rank computes it
+  from the same configs, before vLLM builds anything (:func:`apply`);
+* ``measured``: each stage measures its speed and free memory at set-up
+  (``runner/stage_speed.py``), the ranks exchange the figures, the first rank
+  chooses the split whose slowest stage takes least time per step within
+  each stage's memory (:func:`choose_measured`) and every rank takes it.
 
-* a target layer: its weights (attention, MLP; a MoE layer's routed and
-  shared experts per token);
-* the target's LM head (last stage): vocabulary x hidden;
-* the drafter (last stage, or the first where the draft model runs there:
-  runner/drafter/first_stage.py): a model drafter's k passes, each its layers
-  and its LM head; medusa's k heads; ngram, suffix and a user's proposer class
-  none.
-
-A split is allowed only if no stage holds more weights than the heaviest stage
-of vLLM's even split, so a model that fits evenly still fits. The estimate is
-left out (vLLM's split) for hybrid, attention-free and multimodal targets, and
-wherever a size it needs is missing.
+The user's ``VLLM_PP_LAYER_PARTITION`` always wins; the start-up check compares
+it and the rule across the ranks (``runner/health/startup_check.py``).
 """
 
 from __future__ import annotations
@@ -40,14 +31,19 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from vllm_ppspec.choice.stage_work import Stages, drafter_on_first_stage, estimate
+
 # Under vLLM's "vllm" logger, whose handler prints INFO lines in every process
 # (a logger outside it prints only warnings: the chosen split would go unseen).
 logger = logging.getLogger("vllm.ppspec")
 
 ENV = "VLLM_PP_LAYER_PARTITION"
-
-# Proposers with no model forward on the last stage.
-NO_MODEL_METHODS = frozenset({"ngram", "ngram_gpu", "suffix", "custom_class"})
+RULE_ENV = "VLLM_PPSPEC_LAYER_SPLIT"
+RULES = ("even", "weights", "measured")
+DEFAULT_RULE = "weights"
+# Measured speeds closer than this count as equal (the measurement's noise
+# between start-ups, docs/measurements.md): the weights rule's split stands.
+SAME_SPEED = 0.10
 
 # The value this process set, so that a later config of the same process (an
 # external launcher, a second vllm.LLM) recomputes it instead of taking it for
@@ -55,16 +51,24 @@ NO_MODEL_METHODS = frozenset({"ngram", "ngram_gpu", "suffix", "custom_class"})
 _set_here: str | None = None
 
 
-@dataclass(frozen=True)
-class Stages:
-    """Work: weights read per step; weights: parameters held (both in parameters)."""
+def rule() -> str:
+    """``VLLM_PPSPEC_LAYER_SPLIT`` as the plugin reads it (ValueError naming the values)."""
+    value = os.environ.get(RULE_ENV, DEFAULT_RULE).strip().lower() or DEFAULT_RULE
+    if value not in RULES:
+        raise ValueError(
+            f"vllm-ppspec: {RULE_ENV}={value!r} is not a rule it knows: use one of "
+            f"{', '.join(RULES)} (or set {ENV} to choose the split yourself)"
+        )
+    return value
 
-    layer_work: float
-    layer_weights: float
-    last_work: float  # the LM head, and the drafter unless it runs on the first stage
-    last_weights: float
-    first_weights: float  # the embedding, and the drafter where it runs there
-    first_work: float = 0.0  # the drafter where it runs on the first stage
+
+@dataclass(frozen=True)
+class StageFigures:
+    """What one stage measured at set-up (``runner/stage_speed.py``)."""
+
+    seconds_per_param: float  # a decoder layer's weights read at a decode batch, per parameter
+    capacity_bytes: float  # free memory for weights (inf: not known)
+    host: str
 
 
 def even_split(num_layers: int, pp: int) -> list[int]:
@@ -115,112 +119,91 @@ def choose(
     return min(allowed, key=lambda s: (work(s), distance(s)))
 
 
-def _size(config: Any, *names: str) -> int | None:
-    for name in names:
-        value = getattr(config, name, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    return None
+def choose_measured(
+    num_layers: int,
+    stages: Stages,
+    even: list[int],
+    figures: list[StageFigures],
+    bytes_per_param: float,
+) -> list[int] | None:
+    """The split whose slowest stage takes least time per step (its work, per
+    :mod:`.stage_work`, times its measured seconds per parameter), among those
+    whose every stage's weights fit its memory; ties go to the split nearest
+    ``even``. None if no split fits. Exact over every split (dynamic programming
+    over stages and layers)."""
+    pp = len(figures)
+    fastest = min(f.seconds_per_param for f in figures)
+    pace = [f.seconds_per_param / fastest for f in figures]
 
+    def cost(i: int, n: int) -> float:
+        if n < 1:
+            return float("inf")
+        work = n * stages.layer_work + (stages.first_work if i == 0 else 0.0)
+        held = n * stages.layer_weights + (stages.first_weights if i == 0 else 0.0)
+        if i == pp - 1:
+            work += stages.last_work
+            held += stages.last_weights
+        if held * bytes_per_param > figures[i].capacity_bytes:
+            return float("inf")
+        return work * pace[i]
 
-def layer_sizes(config: Any) -> tuple[int, int] | None:
-    """(active weights, all weights) of one decoder layer of ``config``, or None."""
-    hidden = _size(config, "hidden_size")
-    heads = _size(config, "num_attention_heads")
-    if hidden is None or heads is None:
-        return None
-    kv_heads = _size(config, "num_key_value_heads") or heads
-    head_dim = _size(config, "head_dim") or hidden // heads
-    attention = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim
-    routed = _size(config, "num_experts_per_tok", "moe_topk")
-    expert = _size(config, "moe_intermediate_size")
-    if routed and expert:
-        experts = _size(config, "n_routed_experts", "num_experts", "num_local_experts") or routed
-        shared = (_size(config, "n_shared_experts") or 0) * expert + (
-            _size(config, "shared_expert_intermediate_size") or 0
-        )
-        active = 3 * hidden * (routed * expert + shared)
-        held = 3 * hidden * (experts * expert + shared)
-        return attention + active, attention + held
-    inner = _size(config, "intermediate_size")
-    if inner is None:
-        return None
-    return attention + 3 * hidden * inner, attention + 3 * hidden * inner
+    def best(bound: float) -> list[int] | None:
+        """The split nearest ``even`` whose every stage costs at most ``bound``."""
+        inf: tuple[float, list[int]] = (float("inf"), [])
+        # reach[l]: (distance, split) of the first stages holding l layers.
+        reach: dict[int, tuple[float, list[int]]] = {0: (0.0, [])}
+        for i in range(pp):
+            nxt: dict[int, tuple[float, list[int]]] = {}
+            for held, (dist, split) in reach.items():
+                for n in range(1, num_layers - held - (pp - 1 - i) + 1):
+                    if cost(i, n) > bound:
+                        continue
+                    cand = (dist + abs(n - even[i]), split + [n])
+                    if cand[0] < nxt.get(held + n, inf)[0]:
+                        nxt[held + n] = cand
+            reach = nxt
+        return reach[num_layers][1] if num_layers in reach else None
 
-
-def _drafter(spec: Any, k: int) -> tuple[float, float] | None:
-    """(weights read per step, weights held) of the drafter on the last stage."""
-    method = str(spec.method)
-    if method in NO_MODEL_METHODS:
-        return 0.0, 0.0
-    draft = getattr(spec, "draft_model_config", None)
-    config = getattr(draft, "hf_text_config", None) or getattr(draft, "hf_config", None)
-    hidden = _size(config, "hidden_size")
-    vocab = _size(config, "draft_vocab_size", "vocab_size")
-    if config is None or hidden is None or vocab is None:
-        return None
-    head = vocab * hidden
-    if method == "medusa":
-        blocks = _size(config, "num_hidden_layers") or 1
-        per_head = blocks * hidden * hidden + head
-        return k * per_head, k * per_head
-    sizes = layer_sizes(config)
-    layers = _size(config, "num_nextn_predict_layers", "n_predict", "num_hidden_layers") or 1
-    if sizes is None:
-        return None
-    fc = {"eagle": 2, "eagle3": 3, "mtp": 2}.get(method, 0) * hidden * hidden
-    body = layers * sizes[0] + fc
-    return k * (body + head), layers * sizes[1] + fc + head
-
-
-def estimate(vllm_config: Any) -> Stages | None:
-    """The stages' work and weights for this config, or None where the plugin
-    keeps vLLM's split (see the module docstring)."""
-    model = vllm_config.model_config
-    spec = vllm_config.speculative_config
-    if spec is None or any(
-        getattr(model, flag, False)
-        for flag in ("is_hybrid", "is_attention_free", "is_multimodal_model")
-    ):
-        return None
-    config = model.hf_text_config
-    sizes = layer_sizes(config)
-    hidden = _size(config, "hidden_size")
-    vocab = _size(config, "vocab_size")
-    k = int(spec.num_speculative_tokens or 0)
-    drafter = _drafter(spec, k)
-    if sizes is None or hidden is None or vocab is None or drafter is None or k <= 0:
-        return None
-    head = vocab * hidden
-    if drafter_on_first_stage(vllm_config):
-        return Stages(
-            layer_work=sizes[0],
-            layer_weights=sizes[1],
-            last_work=head,
-            last_weights=head,
-            first_weights=head + drafter[1],
-            first_work=drafter[0],
-        )
-    return Stages(
-        layer_work=sizes[0],
-        layer_weights=sizes[1],
-        last_work=head + drafter[0],
-        last_weights=head + drafter[1],
-        first_weights=head,
+    # The least bottleneck some split reaches: a split that fits a bound fits
+    # every larger one, so a binary search over the stages' possible costs.
+    bounds = sorted(
+        {c for i in range(pp) for n in range(1, num_layers + 1) if (c := cost(i, n)) < float("inf")}
     )
+    lo, hi, found = 0, len(bounds) - 1, None
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        split = best(bounds[mid] * (1 + 1e-9))
+        if split is None:
+            lo = mid + 1
+        else:
+            found, hi = split, mid - 1
+    return found
 
 
-def drafter_on_first_stage(vllm_config: Any) -> bool:
-    """The draft model runs on the first stage (``policy.drafter_placement_of``, as the
-    runner decides: runner/drafter/first_stage.py)."""
-    from vllm_ppspec.choice import policy
+def same_speed(figures: list[StageFigures]) -> bool:
+    speeds = [f.seconds_per_param for f in figures]
+    return max(speeds) <= min(speeds) * (1 + SAME_SPEED)
 
-    return policy.drafter_placement_of(vllm_config) is None
+
+def set_split(split: list[int] | None) -> str | None:
+    """Put ``split`` in ``VLLM_PP_LAYER_PARTITION`` for this process (None: vLLM's)."""
+    global _set_here
+    os.environ.pop(ENV, None)
+    _set_here = None if split is None else ",".join(str(n) for n in split)
+    if _set_here is not None:
+        os.environ[ENV] = _set_here
+    return _set_here
+
+
+def user_split() -> str | None:
+    """The user's ``VLLM_PP_LAYER_PARTITION``, or None (unset, or set by this process)."""
+    current = os.environ.get(ENV)
+    return current if current is not None and current != _set_here else None
 
 
 def split_for(vllm_config: Any, weight_limit: bool = True) -> tuple[list[int], list[int]] | None:
-    """(the plugin's split, vLLM's even split) for this config, or None where
-    the plugin keeps vLLM's. ``VLLM_PP_LAYER_PARTITION`` must be unset."""
+    """(the weights rule's split, vLLM's even split) for this config, or None
+    where the plugin keeps vLLM's. ``VLLM_PP_LAYER_PARTITION`` must be unset."""
     pp = int(vllm_config.parallel_config.pipeline_parallel_size)
     stages = estimate(vllm_config)
     if pp <= 1 or stages is None:
@@ -245,31 +228,32 @@ def _hint(vllm_config: Any, split: list[int] | None) -> str:
 
 def apply(vllm_config: Any) -> str | None:
     """In the plugin's worker, before vLLM builds the runner and the model: on a
-    line the plugin serves at PP > 1, set ``VLLM_PP_LAYER_PARTITION`` to the
-    balanced split, unless the user set it. Returns the split in force there
-    (None: vLLM's even split, or not such a line)."""
-    global _set_here
+    line the plugin serves at PP > 1, set ``VLLM_PP_LAYER_PARTITION`` by the
+    weights rule, unless the user set it (the measured rule sets it later, at
+    the runner's set-up). Returns the split in force (None: vLLM's even split,
+    not such a line, or the measured rule's, to come)."""
     from vllm_ppspec.choice.plan import plan_of
 
     if not plan_of(vllm_config).serves_pp:
         return None
-    current = os.environ.get(ENV)
-    if current is not None and current != _set_here:
+    current = user_split()
+    if current is not None:
         logger.info("vllm-ppspec: target layers split %s (%s, as set)", current, ENV)
         return current
-    os.environ.pop(ENV, None)
-    _set_here = None
-    chosen = split_for(vllm_config)
+    how = rule()
+    set_split(None)
+    chosen = split_for(vllm_config) if how == "weights" else None
+    if how == "measured":
+        return None
     if chosen is None or chosen[0] == chosen[1]:
         logger.info(
-            "vllm-ppspec: target layers split evenly (vLLM's split)%s",
+            "vllm-ppspec: target layers split evenly (vLLM's split%s)%s",
+            "" if how == "weights" else f", {RULE_ENV}=even",
             _hint(vllm_config, None) if chosen else "",
         )
         return None
     split, even = chosen
-    value = ",".join(str(n) for n in split)
-    os.environ[ENV] = value
-    _set_here = value
+    value = set_split(split)
     logger.info(
         "vllm-ppspec: target layers split %s over %d PP stages instead of vLLM's %s: the "
         "last stage also runs the LM head over k+1 positions, and the %s drafter runs on "

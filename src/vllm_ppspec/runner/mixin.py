@@ -17,7 +17,9 @@ Collectives the plugin adds, on every rank of the PP group unless said:
 
 * once at set-up, in this order, when the mode is not ``OFF``: the start-up
   check (``startup_check.agree``: a ``monitored_barrier``, an
-  ``all_gather_object``), the round shape ``all_reduce`` (``LANES`` only,
+  ``all_gather_object``), under the measured layer split an
+  ``all_gather_object`` and a ``broadcast_object_list`` (``stage_speed.settle``),
+  the round shape ``all_reduce`` (``LANES`` only,
   ``build.build_steps``), the placement check (``placement.pp_on_one_host``:
   an ``all_gather_object``), then the peer watch's ``all_gather_object``
   of listening addresses (``peer_watch.watch_pp_peers``);
@@ -52,6 +54,7 @@ from vllm.v1.worker.gpu_model_runner import GPUModelRunner  # noqa: E402
 
 from vllm_ppspec.choice import plan as plans  # noqa: E402
 from vllm_ppspec.protocol import faults  # noqa: E402
+from vllm_ppspec.runner import stage_speed  # noqa: E402
 from vllm_ppspec.runner.clocks import Clocks  # noqa: E402
 from vllm_ppspec.runner.drafter import dp_hook, eagle3, first_stage  # noqa: E402
 from vllm_ppspec.runner.drafter.embedding_handover import give_drafter_the_target_embedding  # noqa: E402
@@ -129,6 +132,9 @@ class PPSpecRunnerMixin:
         # (one host or several), or every rank refuses (health/startup_check.py).
         placed = ", the draft model on the first stage" if self._ppspec_drafter_first else ""
         agree(pp.cpu_group, fingerprint(self, mode.value + placed))
+        if stage_speed.applies(self.vllm_config):  # type: ignore[attr-defined]
+            # The measured layer split: a gather and a broadcast (stage_speed.py).
+            stage_speed.settle(self.vllm_config, pp, self.device)  # type: ignore[attr-defined]
         RunnerView.check(self)
         fault = faults.Faults.from_env()
         if fault.any():

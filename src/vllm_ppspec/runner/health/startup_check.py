@@ -75,6 +75,10 @@ HOST_LOCAL_SWITCHES: dict[str, str] = {
     "VLLM_PPSPEC_CACHE": "tools: this host's cache directory",
     "VLLM_PPSPEC_ADAPTIVE_K_BATCHES": "read by the engine core's scheduler alone",
 }
+# VLLM_PPSPEC_* variables of more than two values, each compared as its own field.
+COMPARED_AS_FIELDS: dict[str, str] = {
+    "VLLM_PPSPEC_LAYER_SPLIT": "layer split rule ($VLLM_PPSPEC_LAYER_SPLIT)",
+}
 
 
 class StartupMismatchError(RuntimeError):
@@ -111,6 +115,7 @@ def fingerprint(runner: Any, mode: str) -> dict[str, str]:
         f"target layer split (${layer_split.ENV})": os.environ.get(
             layer_split.ENV, "vLLM's even split"
         ),
+        COMPARED_AS_FIELDS[layer_split.RULE_ENV]: layer_split.rule(),
     }
     for name in AGREED_SWITCHES:
         fields[f"${name}"] = switch_value(name)
