@@ -16,6 +16,7 @@ exactly.
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -53,6 +54,14 @@ def cpu_quota(share: float, tag: str = "host") -> Iterator[Path]:
         (group / "cpu.cfs_quota_us").write_text(str(int(share * PERIOD_US)))
         yield group
     finally:
-        left = (group / "cgroup.procs").read_text().split()
-        join(ROOT, (int(p) for p in left))
-        group.rmdir()
+        deadline = time.monotonic() + 10
+        while True:  # processes forked meanwhile join it: move until it stays empty
+            left = (group / "cgroup.procs").read_text().split()
+            join(ROOT, (int(p) for p in left))
+            try:
+                group.rmdir()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
