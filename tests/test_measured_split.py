@@ -217,3 +217,31 @@ def test_a_rank_that_cannot_measure_leaves_every_rank_on_the_weights_split():
     (v0, log0), (v1, _) = (r.value for r in results)
     assert v0 == v1 == "15,15"
     assert "stage 1 could not measure (ZeroDivisionError" in log0[0]
+
+
+def test_memory_for_weights_on_cpu_and_cuda(monkeypatch):
+    """CPU: the available memory less vLLM's KV cache space; CUDA (no GPU here:
+    torch's query stood in): what gpu_memory_utilization leaves of the free
+    memory; a fifth of either for the KV cache and the activations."""
+    import psutil
+
+    from vllm_ppspec.runner import stage_speed
+
+    gib = 2**30
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: SimpleNamespace(available=20 * gib))
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "4")
+    assert stage_speed.capacity(_config(), torch.device("cpu")) == 0.8 * 16 * gib
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (30 * gib, 40 * gib))
+    # 90% of 40 GiB usable, 10 GiB held by others: 26 GiB for vLLM.
+    assert stage_speed.capacity(_config(), torch.device("cuda", 0)) == 0.8 * 26 * gib
+
+
+def test_the_benchmark_is_sized_from_the_config_and_capped():
+    from vllm_ppspec.runner import stage_speed
+
+    shapes = stage_speed._matrices(SMOLLM2, 10**9)
+    assert shapes == [(576, 15 * 64), (576, 576), (576, 2 * 1536), (1536, 576)]
+    big = SimpleNamespace(hidden_size=8192, num_attention_heads=64, intermediate_size=28672)
+    capped = stage_speed._matrices(big, stage_speed.MAX_PARAMS)
+    assert sum(r * c for r, c in capped) <= stage_speed.MAX_PARAMS
+    assert [r for r, _ in capped] == [8192, 8192, 8192, 28672]
