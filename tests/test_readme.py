@@ -1,8 +1,12 @@
-"""The README stays short enough to read in five minutes, and the docs' links hold.
+"""The README stays short enough to read in five minutes, the docs stay a reference,
+and their links hold.
 
-README.md is at most 12 KB; every relative link in it and in docs/*.md points
-at a file or folder that exists; every ``vllm-ppspec-<tool>`` command the
-README and docs name is a console script of pyproject.toml.
+README.md is at most 10 KB and docs/*.md at most 150 KB together; no docs page
+has a dated section heading (dated entries and rehearsal logs go to
+CHANGELOG.md or beside their JSON in results/); every relative link in the
+README and in docs/*.md points at a file or folder that exists; every
+``vllm-ppspec-<tool>`` command the README and docs name is a console script of
+pyproject.toml.
 """
 
 from __future__ import annotations
@@ -15,8 +19,13 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
-MAX_README_BYTES = 12 * 1024
-PAGES = [README, *sorted((REPO / "docs").glob("*.md"))]
+MAX_README_BYTES = 10 * 1024
+MAX_DOCS_BYTES = 150 * 1024
+DOCS = sorted((REPO / "docs").glob("*.md"))
+PAGES = [README, *DOCS]
+# A markdown heading (outside code blocks) that holds a date such as 2026-12-04.
+DATED_HEADING = re.compile(r"^#{1,6} .*\b(?:19|20)\d\d-\d\d-\d\d\b.*$", re.M)
+FENCED = re.compile(r"^```.*?^```", re.S | re.M)
 # [text](target): the target up to a space or the closing parenthesis.
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)[^)]*\)")
 
@@ -32,9 +41,33 @@ def relative_links(page: Path) -> list[str]:
     return out
 
 
-def test_the_readme_is_at_most_12_kb():
+def test_the_readme_is_at_most_10_kb():
     size = len(README.read_bytes())
     assert size <= MAX_README_BYTES, f"README.md is {size} bytes, over {MAX_README_BYTES}"
+
+
+def test_the_docs_are_at_most_150_kb_together():
+    sizes = {p.name: len(p.read_bytes()) for p in DOCS}
+    total = sum(sizes.values())
+    largest = sorted(sizes.items(), key=lambda kv: -kv[1])[:3]
+    assert total <= MAX_DOCS_BYTES, f"docs/*.md are {total} bytes, over {MAX_DOCS_BYTES}: {largest}"
+
+
+def dated_headings(text: str) -> list[str]:
+    """The markdown headings of ``text`` that hold a date, code blocks left out."""
+    return [m.group(0) for m in DATED_HEADING.finditer(FENCED.sub("", text))]
+
+
+def test_the_dated_heading_finder():
+    text = "# Page\n\n## A run (2026-12-04)\n\nmeasured 2026-12-04\n\n```\n# 2026-12-05 a comment\n```\n"
+    assert dated_headings(text) == ["## A run (2026-12-04)"]
+    assert dated_headings("## Layout\n\nA line from 2026-12-04.\n") == []
+
+
+@pytest.mark.parametrize("page", DOCS, ids=lambda p: p.name)
+def test_no_docs_page_has_a_dated_section(page):
+    found = dated_headings(page.read_text())
+    assert not found, f"{page.name}: dated headings {found} belong in CHANGELOG.md or results/"
 
 
 def test_the_link_finder_reads_markdown_links():
