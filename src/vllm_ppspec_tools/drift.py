@@ -7,11 +7,11 @@
 Downloads the ``vllm==VERSION`` wheel without its dependencies (``pip download
 --no-deps``, cached under ``--cache``), or reads ``--wheel`` / an unpacked
 ``--source`` tree, and reports, against the vLLM installed here (which must be
-the reference version, ``version_data.REFERENCE_VLLM_VERSION``):
+the reference version, ``compat.data.REFERENCE_VLLM_VERSION``):
 
-* every private name in ``version_guard.PRIVATE_NAMES`` (version_data's used names
+* every private name in ``compat.guard.PRIVATE_NAMES`` (compat.data's used names
   and the patch registry's targets): present or missing;
-* every mirrored function in ``version_data.MIRRORED_FUNCTIONS``: the source
+* every mirrored function in ``compat.data.MIRRORED_FUNCTIONS``: the source
   hash pinned for VERSION (the reference's pin for a release not supported),
   or changed, with the diff;
 * every upstream method the plugin overrides (its runner, worker and scheduler
@@ -21,9 +21,9 @@ the reference version, ``version_data.REFERENCE_VLLM_VERSION``):
 It prints a verdict first: supported, "not supported: the V1 runner is
 removed" (a release without ``vllm/v1/worker/gpu_model_runner.py``, 0.34.0
 on), or not supported. On a release without the V1 runner a name in one of the
-V1 runner's modules (``v2_runner_data.V1_RUNNER_MODULES``) is explained by the
+V1 runner's modules (``drift_data.V1_RUNNER_MODULES``) is explained by the
 removal, and it also lists what the plugin would need of Model Runner V2
-(``v2_runner_data.V2_RUNNER_NAMES``, docs/on-model-runner-v2.md): present,
+(``drift_data.V2_RUNNER_NAMES``, docs/on-model-runner-v2.md): present,
 with its file and line, or missing (drift).
 
 Exits 1 on any drift that ``drift_data.EXPLAINED_DRIFT[VERSION]`` does not
@@ -55,7 +55,7 @@ DEFAULT_CACHE = Path(os.environ.get("VLLM_PPSPEC_CACHE", Path.home() / ".cache" 
 
 
 def short_hash(source: str) -> str:
-    """As ``version_guard.source_hash``: sha256 of the source, 16 hex digits."""
+    """As ``compat.guard.source_hash``: sha256 of the source, 16 hex digits."""
     return hashlib.sha256(source.encode()).hexdigest()[:16]
 
 

@@ -5,7 +5,7 @@ Both sides call them: the engine-side config patch (batches in flight, which
 scheduler) and the runner (which steps object); the start-up check compares
 the runner's mode across PP ranks (``runner/health/startup_check.py``).
 
-* ``OFF``: the plugin does not act on this line (``worker_choice.acts``), or
+* ``OFF``: the plugin does not act on this line (``choice.worker.acts``), or
   it does at PP = 1 (DP > 1 on a MoE target). Nothing of the plugin runs per step.
 * ``SYNC``: sync scheduling. The plugin's scheduler keeps PP batches in flight
   (one per stage; :data:`ONE_BATCH_ENV` = 1 keeps one); the scheduler output
@@ -44,7 +44,7 @@ class Mode(enum.Enum):
 def mode_of(
     acts: bool, pp_size: int, async_scheduling: bool, external_launcher: bool = False
 ) -> Mode:
-    """The mode of a line; ``acts``: the plugin acts on it (``worker_choice.acts``);
+    """The mode of a line; ``acts``: the plugin acts on it (``choice.worker.acts``);
     ``external_launcher``: ``--distributed-executor-backend external_launcher``."""
     if not acts or pp_size <= 1:
         return Mode.OFF

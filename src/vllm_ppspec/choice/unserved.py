@@ -2,7 +2,7 @@
 parallelism, method by method: the words of its refusal
 (``patches/config/refusals.py``), which name what to run instead.
 
-The methods it runs are ``worker_choice.SUPPORTED_PP_METHODS``.
+The methods it runs are ``choice.worker.SUPPORTED_PP_METHODS``.
 """
 
 from __future__ import annotations

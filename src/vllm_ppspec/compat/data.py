@@ -22,7 +22,7 @@ REFERENCE_VLLM_VERSION = SUPPORTED_VLLM_VERSIONS[0]
 
 # (module, attribute path) for every vLLM private name used by vllm-ppspec
 # besides the names it patches: those are the targets of
-# vllm_ppspec.compat.registry.REGISTRY, and version_guard.PRIVATE_NAMES is both.
+# vllm_ppspec.compat.registry.REGISTRY, and compat.guard.PRIVATE_NAMES is both.
 # Runner instance attributes read or set by the mixin (input_batch fields,
 # discard_request_mask, num_accepted_tokens, _draft_token_ids, ...) cannot be
 # checked without building a runner; the end-to-end tests cover them.

@@ -5,7 +5,7 @@ that the plugin's runner subclasses; Model Runner V2 is its only runner and
 runs PP + speculative decoding itself. There the plugin hook warns once
 (:func:`warning`) and installs nothing, and the plugin's worker named with
 ``--worker-cls`` is refused (:func:`refusal`, raised by
-``version_guard.check_version``) with the same words (:func:`advice`).
+``compat.guard.check_version``) with the same words (:func:`advice`).
 docs/on-model-runner-v2.md lays out the plugin on Model Runner V2.
 """
 

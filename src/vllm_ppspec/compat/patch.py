@@ -26,6 +26,6 @@ class Patch:
     attributes: tuple[str, ...] = ()
     cpu_only: bool = False  # "worker": only the plugin's CPU worker installs it
     after_init: bool = False  # "worker": after vLLM's init_device, not before
-    # Its targets among version_guard.PRIVATE_NAMES, resolved when the worker is
+    # Its targets among compat.guard.PRIVATE_NAMES, resolved when the worker is
     # imported; False where importing the target's module there changes vLLM.
     checked_at_import: bool = True

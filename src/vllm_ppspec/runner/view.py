@@ -5,7 +5,7 @@ only through :class:`RunnerView`: the attributes and the call they need,
 listed here once. vLLM sets them in ``GPUModelRunner.__init__``, so they can
 be checked only on a built runner: :meth:`RunnerView.check` runs at runner
 set-up and refuses a vLLM that lacks one, naming it (the class-level names
-are in ``version_data.PRIVATE_NAMES``).
+are in ``compat.data.PRIVATE_NAMES``).
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ def v1_async_refusal_besides_pp(vllm_config: Any) -> str | None:
     Mirrors ``vllm.config.vllm:VllmConfig.__post_init__`` (0.33.0: the
     ``uses_rocm_deepep_ht_dbo`` check and the ``v1_async_sched_incompat``
     chain without its last, PP branch); pinned in
-    ``version_data.MIRRORED_FUNCTIONS``.
+    ``compat.data.MIRRORED_FUNCTIONS``.
     """
     from typing import get_args
 

@@ -1,4 +1,4 @@
-"""Apply who serves (``worker_choice.decide``) to a config's ``worker_cls``, with one log line.
+"""Apply who serves (``choice.worker.decide``) to a config's ``worker_cls``, with one log line.
 
 Called by the ``VllmConfig.__post_init__`` wrapper (``patches/config/__init__.py``)
 before vLLM's own, in every process that builds a config.
@@ -19,7 +19,7 @@ from vllm_ppspec.choice.worker import (
     plugin_named,
 )
 
-# The lines the plugin serves (worker_choice.plugin_line), as the notices name them.
+# The lines the plugin serves (choice.worker.plugin_line), as the notices name them.
 PLUGIN_LINES = "speculative decoding with pipeline parallelism, or data parallelism on a MoE model"
 AUTO_NOTICE = (
     f"vllm-ppspec: {PLUGIN_LINES}, and --worker-cls auto: selected the worker "
@@ -44,11 +44,11 @@ vllm_use_v2: Any = None
 
 
 def select_worker(vllm_config: Any) -> Decision:
-    """Who serves (:mod:`.worker_choice`), applied to ``worker_cls``.
+    """Who serves (:mod:`vllm_ppspec.choice.worker`), applied to ``worker_cls``.
 
     Runs before vLLM's ``VllmConfig.__post_init__`` (whose platform hook turns
     ``auto`` into vLLM's own worker), in every process that builds a config.
-    Off the lines the plugin serves (``worker_choice.plugin_line``) it changes
+    Off the lines the plugin serves (``choice.worker.plugin_line``) it changes
     nothing and logs nothing. ``--worker-cls auto`` becomes the plugin's worker
     where the rule says so;
     the plugin's worker named on a line where vLLM picks Model Runner V2 and

@@ -56,7 +56,7 @@ def restore_output_tokens(requests: dict[str, Any], scheduler_output: Any) -> No
     resumed requests under async scheduling. Mirrors the resumed-request
     branch of ``GPUModelRunner._update_states``
     (vllm/v1/worker/gpu_model_runner.py; hash pinned in
-    version_data.MIRRORED_FUNCTIONS).
+    compat.data.MIRRORED_FUNCTIONS).
     """
     cached = scheduler_output.scheduled_cached_reqs
     all_token_ids = cached.all_token_ids
