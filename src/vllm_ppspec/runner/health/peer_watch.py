@@ -212,7 +212,7 @@ def watch_pp_peers(cpu_group: Any, host: str) -> list[int]:
     _WATCH[:] = [watch]
     heartbeat = watch.peers.heartbeat
     if heartbeat is not None and set(watch.peers) - watch.peers.same_executor:
-        pass  # PLANTED BREAK (issue 48 teeth): no guardian started
+        heartbeat.start_guardian()  # a peer on another executor cannot end this worker
     threading.Thread(target=watch.run, daemon=True, name="ppspec-peer-watch").start()
     return sorted(watch.peers)
 
