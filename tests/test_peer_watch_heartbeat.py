@@ -8,12 +8,16 @@ watch is on the PP data's path (runner/health/placement.py, peer_links.py).
   (its kernel answers) and is declared gone by its missing beats.
 - The guardian: a worker whose watch stops beating (SIGSTOP) is SIGKILLed
   after the bound and two beats; one that beats, or that ends, is left alone.
+  Its start rule, through ``peer_watch.watch_pp_peers`` on gloo ranks (what
+  the runner calls): started where a peer is on another executor, not where
+  every peer is on this rank's own.
 - The watch's connections and beats leave from its address (where it is
   chosen: tests/test_placement.py).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import socket
@@ -265,6 +269,75 @@ def test_the_guardian_ends_with_its_worker():
     while not _gone(guardian):
         assert time.monotonic() < deadline, "the guardian outlived its worker"
         time.sleep(0.1)
+
+
+def _watch_started(rank: int, world: int, apart: bool):
+    """This rank's watch, started as the runner starts it (``watch_pp_peers``:
+    connect_peers, its executor comparison, the guardian rule, the thread).
+    ``apart``: rank 1 reports another executor (as a rank that another
+    ``vllm serve`` started would); otherwise both ranks share their parent,
+    the harness's fork server (one executor)."""
+    import torch.distributed as dist
+
+    from vllm_ppspec.runner.health import peer_links, rank_errors
+
+    # The peer ending after this function is not this test's: nothing ends the rank.
+    rank_errors.end_worker = lambda error, what: None
+    if apart and rank == 1:
+        own = peer_links.executor_id
+        peer_links.executor_id = lambda: f"{own()} (another vllm serve)"
+    group = dist.new_group(backend="gloo")
+    assert peer_watch.watch_pp_peers(group, "127.0.0.1") == [1 - rank]
+    peers = peer_watch._WATCH[0].peers
+    assert peers.heartbeat is not None
+    guardian = peers.heartbeat.guardian
+    started = None
+    if guardian is not None:
+        argv = Path(f"/proc/{guardian.pid}/cmdline").read_bytes().split(b"\0")
+        started = {
+            "pid": guardian.pid,
+            "argv": [a.decode() for a in argv if a],
+            "running": guardian.poll() is None,
+        }
+    threads = [t.name for t in threading.enumerate()]
+    dist.barrier(group)
+    return {
+        "same_executor": sorted(peers.same_executor),
+        "guardian": started,
+        "worker": os.getpid(),
+        "watching": "ppspec-peer-watch" in threads,
+    }
+
+
+@pytest.mark.parametrize("apart", [False, True], ids=["one-executor", "two-executors"])
+def test_the_watch_starts_a_guardian_only_for_a_peer_on_another_executor(apart):
+    """Through ``watch_pp_peers`` on two gloo ranks: ranks of one executor
+    (one process started both: it ends them) get no guardian; ranks of two
+    each get one, a running ``guardian.py`` of that worker's pid, which ends
+    with the worker."""
+    from tests.distributed import run_ranks
+
+    results = run_ranks(functools.partial(_watch_started, apart=apart), world=2, timeout=60)
+    for r in results:
+        assert r.error is None and not r.hung, r.message
+    for rank, result in enumerate(r.value for r in results):
+        assert result["watching"], rank
+        if not apart:
+            assert result["same_executor"] == [1 - rank], result
+            assert result["guardian"] is None, f"rank {rank}: a guardian on one executor"
+            continue
+        assert result["same_executor"] == [], result
+        started = result["guardian"]
+        assert started is not None, f"rank {rank}: no guardian for a peer on another executor"
+        assert started["running"], started
+        assert str(heartbeat.GUARDIAN) in started["argv"], started
+        assert started["argv"][started["argv"].index(str(heartbeat.GUARDIAN)) + 1] == str(
+            result["worker"]
+        ), started
+        deadline = time.monotonic() + 5
+        while not _gone(started["pid"]):  # its worker ended: its pipe closed
+            assert time.monotonic() < deadline, f"rank {rank}'s guardian outlived its worker"
+            time.sleep(0.1)
 
 
 # ----------------------------------------------------------------------------
