@@ -132,12 +132,20 @@ def test_choose_minimises_the_busiest_stage_within_the_weight_limit():
     )
     # The last stage's 2 extra weights let one layer move (6 = 5 + 1 ... 4 + 2).
     assert choose(10, 2, light, [5, 5]) == [6, 4]
-    # Ties go to the split nearest vLLM's.
+    # Ties go to the split nearest vLLM's: 5,5 and 6,4 both have 6 on their
+    # busiest stage; 5,5 is vLLM's.
     flat = Stages(
         layer_work=1.0, layer_weights=0.0, last_work=1.0, last_weights=0.0, first_weights=0.0
     )
-    assert choose(10, 2, flat, [5, 5]) in ([5, 5], [6, 4])
+    assert choose(10, 2, flat, [5, 5]) == [5, 5]
     assert choose(9, 2, flat, [5, 4]) == [5, 4]
+    # A tie between two moved splits: 6,4 and 7,3 both have 7 on their busiest
+    # stage (5,5 has 8); 6,4 is nearer 5,5 (and comes after 7,3 among the
+    # candidates, so the first found would be 7,3).
+    steep = Stages(
+        layer_work=1.0, layer_weights=0.0, last_work=3.0, last_weights=0.0, first_weights=0.0
+    )
+    assert choose(10, 2, steep, [5, 5]) == [6, 4]
 
 
 def test_targets_the_estimate_does_not_cover_keep_vllms_split():
@@ -219,8 +227,10 @@ def test_no_split_where_the_plugin_does_not_act(models, monkeypatch, line):
 @pytest.mark.parametrize("platform", ["cpu", "gpu"])
 def test_each_worker_sets_the_split_before_vllms_init_device(models, monkeypatch, platform):
     """PPSpecCPUWorker and PPSpecGPUWorker: the variable is in place when vLLM's
-    init_device (which builds the runner) starts."""
-    from vllm_ppspec import patches
+    init_device (which builds the runner) starts, and vLLM's own reading of it
+    (``get_pp_indices``, called as the model is built) gives each rank its
+    layers of the 3,1 split."""
+    from vllm.distributed.utils import get_pp_indices
 
     if platform == "cpu":
         from vllm.v1.worker.cpu_worker import CPUWorker as Base
@@ -236,13 +246,17 @@ def test_each_worker_sets_the_split_before_vllms_init_device(models, monkeypatch
 
         worker_cls = module.PPSpecGPUWorker
     seen = []
-    monkeypatch.setattr(Base, "init_device", lambda self: seen.append(os.environ.get(ENV)))
+
+    def vllms_init_device(self):
+        seen.append(os.environ.get(ENV))
+        seen.append([get_pp_indices(4, rank, 2) for rank in (0, 1)])
+
+    monkeypatch.setattr(Base, "init_device", vllms_init_device)
     monkeypatch.setattr(module, "install_group", lambda *a, **k: None)
-    assert patches is not None
     worker = object.__new__(worker_cls)
     worker.vllm_config = _tiny(models, "draft_copy", worker_cls=PLUGIN)
     worker.init_device()
-    assert seen == ["3,1"]
+    assert seen == ["3,1", [(0, 3), (3, 4)]]  # vLLM's even split: (0, 2), (2, 4)
 
 
 # The real pair (fixtures/real_pair.py): Qwen2.5-Coder-1.5B and its 0.5B drafter.
