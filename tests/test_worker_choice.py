@@ -12,7 +12,14 @@ from __future__ import annotations
 import pytest
 
 from vllm_ppspec import WORKER_QUALNAME
-from vllm_ppspec.choice.worker import SUPPORTED_PP_METHODS, Choice, Facts, auto_setting, decide
+from vllm_ppspec.choice.worker import (
+    SUPPORTED_PP_METHODS,
+    Choice,
+    Facts,
+    auto_setting,
+    decide,
+    plugin_line,
+)
 from vllm_ppspec.plugin import register
 from vllm_ppspec_tools.fixtures.spec_configs import tiny_spec
 
@@ -103,12 +110,149 @@ def test_each_cell_of_the_table(f, who):
     assert decide(f).choice is who, decide(f).why
 
 
-def test_the_table_is_in_the_docs():
-    """docs/support.md carries the table this module tests, and README one line of it."""
+# docs/support.md's "Who serves" table, row by row: (platform, runner vLLM
+# picks, --worker-cls, line), as written there -> the facts of the configs the
+# row stands for. Each row's "who serves" must be what decide says for every
+# one of them (_serves_as_written).
+UNSERVED = ("ngram_gpu", "dspark", "extract_hidden_states", "mlp_speculator")
+V1_KEPT = ("medusa", "custom_class", "suffix", "eagle3", "draft_model")  # + P-EAGLE, PARD, vocab
+PLUGIN_LINES = [dict(pp=2), dict(pp=3), dict(pp=1, dp=2, moe=True), dict(pp=2, dp=2)]
+OFF_LINES = [
+    dict(pp=1),
+    dict(method=None),
+    dict(pp=1, dp=2),
+    dict(pp=1, dp=2, moe=True, method=None),
+]
+ANY_LINE = PLUGIN_LINES + OFF_LINES
+ANY_PLATFORM = ("cpu", "cuda", "xpu", "tpu", "oot")
+REQUIRED = [dict(v2_required=r) for r in ("VLLM_USE_V2_MODEL_RUNNER=1", "HiSparse", "watermarking")]
+ANY_RUNNER = [dict(), dict(v2_by_default=True), *REQUIRED]
+
+
+def _cases(platforms, runners, workers, lines, methods, **extra) -> list[Facts]:
+    return [
+        facts(**{"method": m, **line, **runner, "platform": pl, "worker_cls": w, **extra})
+        for pl in platforms
+        for runner in runners
+        for w in workers
+        for line in lines
+        for m in methods
+    ]
+
+
+AUTO, NAMED = ["auto"], [WORKER_QUALNAME]
+DOC_ROWS = {
+    ("CPU (no Triton)", "V1", "auto", "a plugin line (PP > 1, or DP > 1 on a MoE target) with a "
+     "method of `SUPPORTED_PP_METHODS`"): _cases(["cpu"], [{}], AUTO, PLUGIN_LINES, METHODS),
+    ("CPU or CUDA", "V1", "auto", "a plugin line, any other method (ngram_gpu, dspark, "
+     "extract_hidden_states, mlp_speculator)"):
+        _cases(["cpu", "cuda"], [{}], AUTO, PLUGIN_LINES, UNSERVED),
+    ("CUDA, Triton (default)", "V1 (vLLM keeps V1 for medusa, custom_class, suffix, P-EAGLE, "
+     "PARD, other-vocabulary drafts)", "auto", "a plugin line"):
+        _cases(["cuda"], [{}], AUTO, PLUGIN_LINES, V1_KEPT),
+    ("any", "any", "auto", "DP > 1 at PP = 1 on a dense target, with spec"):
+        _cases(ANY_PLATFORM, ANY_RUNNER, AUTO, [dict(pp=1, dp=2)], METHODS + UNSERVED),
+    ("CUDA, Triton (default)", "V2", "auto", "a plugin line, any method"):
+        _cases(["cuda"], [dict(v2_by_default=True)], AUTO, PLUGIN_LINES, METHODS + UNSERVED),
+    ("CUDA, Triton, `VLLM_PPSPEC_AUTO=always`", "V2", "auto",
+     "a plugin line + the plugin's methods"):
+        _cases(["cuda"], [dict(v2_by_default=True)], AUTO, PLUGIN_LINES, METHODS, auto="always"),
+    ("CUDA, `VLLM_USE_V2_MODEL_RUNNER=0`, or no Triton", "V1", "auto",
+     "a plugin line + the plugin's methods"): _cases(["cuda"], [{}], AUTO, PLUGIN_LINES, METHODS),
+    ("CPU or CUDA, `VLLM_USE_V2_MODEL_RUNNER=1`, HiSparse or watermarking", "V2 (required)",
+     "auto", "any"):
+        _cases(["cpu", "cuda"], REQUIRED, AUTO, ANY_LINE, METHODS + UNSERVED)
+        + _cases(["cpu", "cuda"], REQUIRED, AUTO, ANY_LINE, METHODS, auto="always"),
+    ("CPU or CUDA", "required V2", "the plugin's", "a plugin line"):
+        _cases(["cpu", "cuda"], REQUIRED, NAMED, PLUGIN_LINES, METHODS + UNSERVED),
+    ("CPU or CUDA", "V1 or V2 by default", "the plugin's", "a plugin line + the plugin's methods"):
+        _cases(["cpu", "cuda"], [{}, dict(v2_by_default=True)], NAMED, PLUGIN_LINES, METHODS),
+    ("CPU or CUDA", "V1 or V2 by default", "the plugin's", "a plugin line + any other method"):
+        _cases(["cpu", "cuda"], [{}, dict(v2_by_default=True)], NAMED, PLUGIN_LINES, UNSERVED),
+    ("CPU or CUDA", "V1", "the plugin's",
+     "not a plugin line (PP = 1 without MoE DP, or no spec)"):
+        _cases(["cpu", "cuda"], [{}], NAMED, OFF_LINES, METHODS),
+    ("CPU or CUDA", "V2 (default or required)", "the plugin's", "not a plugin line"):
+        _cases(["cpu", "cuda"], [dict(v2_by_default=True), *REQUIRED], NAMED, OFF_LINES, METHODS),
+    ("XPU, TPU, out-of-tree", "any", "auto", "any"):
+        _cases(["xpu", "tpu", "oot"], ANY_RUNNER, AUTO, ANY_LINE, METHODS + UNSERVED)
+        + _cases(["xpu"], ANY_RUNNER, AUTO, ANY_LINE, METHODS, auto="always"),
+    ("XPU, TPU, out-of-tree", "any", "the plugin's", "any"):
+        _cases(["xpu", "tpu", "oot"], ANY_RUNNER, NAMED, ANY_LINE, METHODS + UNSERVED),
+    ("any", "any", "another worker", "any"):
+        _cases(ANY_PLATFORM, ANY_RUNNER, [STOCK, "my_package.MyWorker"], ANY_LINE, METHODS),
+    ("any", "any", "auto, `VLLM_PPSPEC_AUTO=0`", "any"):
+        _cases(ANY_PLATFORM, ANY_RUNNER, AUTO, ANY_LINE, METHODS + UNSERVED, auto="off"),
+    ("any", "any", "auto", "PP = DP = 1, or no spec"):
+        _cases(ANY_PLATFORM, ANY_RUNNER, AUTO, [dict(pp=1), *[
+            dict(line, method=None) for line in PLUGIN_LINES]], METHODS)
+        + _cases(ANY_PLATFORM, ANY_RUNNER, AUTO, [dict(pp=1)], METHODS, auto="always"),
+}  # fmt: skip
+
+
+def _serves_as_written(who: str, f: Facts) -> bool:
+    """Whether ``decide(f)`` is what a row's "who serves" cell says. Where the
+    plugin's worker is selected for a method it does not run, it refuses the
+    config when it is built (patches/config/refusals.py, tests/test_unserved.py)."""
+    d = decide(f)
+    by_its_worker = (
+        d.choice is P
+        and plugin_line(f.pp, f.dp, f.method, f.moe)
+        and f.method not in SUPPORTED_PP_METHODS
+    )
+    if who == "**refused** by the plugin's worker":
+        return by_its_worker
+    if who == "**refused**":
+        return d.choice is REF or by_its_worker
+    if who in (
+        "**the plugin**",
+        "**the plugin** (V1)",
+        "**the plugin** (V1 forced)",
+        "the plugin's worker, as vLLM's V1 worker (mode off)",
+    ):
+        return d.choice is P and not by_its_worker
+    if who in ("vLLM, V2", "vLLM, V2 (its own worker)"):
+        # Off the plugin's lines vLLM's own choice, which is V2 here.
+        return d.choice is V2 or (d.choice is NONE and bool(f.v2_required or f.v2_by_default))
+    if who == "vLLM":  # vLLM's own worker, whichever runner it picks
+        return d.choice in (V1, V2, NONE, OTHER)
+    raise AssertionError(f"a 'who serves' cell this test does not know: {who!r}")
+
+
+def _docs_who_serves_rows() -> list[list[str]]:
+    """The rows of docs/support.md's "Who serves PP + speculative decoding"
+    table, each a list of its cells."""
     from tests.conftest import REPO
 
     support = (REPO / "docs" / "support.md").read_text()
-    assert "## Who serves PP + speculative decoding" in support
+    section = support.split("## Who serves PP + speculative decoding", 1)[1]
+    header = "| platform | runner vLLM picks | `--worker-cls` | line | who serves | why |"
+    lines = section.split(header, 1)[1].splitlines()[2:]  # after the |---| line
+    rows = []
+    for line in lines:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip().strip("|").split(" | ")])
+    return rows
+
+
+def test_every_row_of_the_docs_table_is_what_decide_says():
+    """docs/support.md's "Who serves" table, every row: its conditions are the
+    ones listed here, and for each config they stand for, ``decide`` gives
+    what its "who serves" cell says. README carries one line of it."""
+    from tests.conftest import REPO
+
+    rows = _docs_who_serves_rows()
+    assert all(len(row) == 6 for row in rows), rows
+    written = [tuple(row[:4]) for row in rows]
+    assert len(set(written)) == len(written), written
+    assert set(written) - set(DOC_ROWS) == set(), "rows this test does not know"
+    assert set(DOC_ROWS) - set(written) == set(), "rows the docs no longer have"
+    for row in rows:
+        cases = DOC_ROWS[tuple(row[:4])]
+        assert cases, row
+        wrong = [(f, decide(f)) for f in cases if not _serves_as_written(row[4], f)]
+        assert not wrong, (row[:5], wrong[:3], len(wrong))
     readme = (REPO / "README.md").read_text()
     assert "Model Runner V2" in readme and "with its V1 runner" in readme
 
@@ -204,8 +348,9 @@ def spec_line(models, method: str, moe: bool) -> tuple[str, dict, dict]:
         spec = {"method": method, "model": drafter, "num_speculative_tokens": 3}
         return models["moe" if moe else "target"], spec, {}
     if method not in DENSE_SPECS:
-        pytest.skip(
-            f"no tiny config for method {method!r} here yet: add it to DENSE_SPECS/MOE_SPECS"
+        pytest.fail(
+            f"no tiny config for method {method!r} (in SUPPORTED_PP_METHODS) here: add it "
+            "to DENSE_SPECS and MOE_SPECS"
         )
     if not moe:
         target, spec = tiny_spec(models, DENSE_SPECS[method], 3)
@@ -288,6 +433,68 @@ def test_auto_selects_the_plugin_only_where_vllm_runs_v1(
         assert cfg.scheduler_config.scheduler_cls is None or not str(
             cfg.scheduler_config.scheduler_cls
         ).startswith("vllm_ppspec")
+
+
+# The drafter features vLLM 0.32's Model Runner V2 does not run
+# (VllmConfig._get_v2_model_runner_unsupported_features): vLLM keeps V1 for
+# them, Triton or not, and the plugin serves them (docs/support.md, "Who
+# serves"). Each with the same method without the feature, which V2 serves.
+V1_FEATURES = {
+    "peagle": (
+        {"method": "eagle3", "model": "peagle_succ", "parallel_drafting": True},
+        {"method": "eagle3", "model": "peagle_succ"},
+    ),
+    "pard": (
+        {"method": "draft_model", "model": "pard_copy", "parallel_drafting": True},
+        {"method": "draft_model", "model": "pard_copy"},
+    ),
+    "other_vocab": (  # without the mapping vLLM refuses a draft of another vocabulary size
+        {"method": "draft_model", "model": "draft_vocab", "use_heterogeneous_vocab": True},
+        {"method": "draft_model", "model": "draft_copy"},
+    ),
+}
+
+
+@pytest.mark.parametrize("feature", list(V1_FEATURES))
+def test_under_triton_vllm_keeps_v1_for_peagle_pard_and_another_vocabulary_and_the_plugin_serves(
+    models, triton, feature
+):
+    """P-EAGLE, PARD and a draft model with another vocabulary at PP=2 with
+    Triton (CUDA's default): the plugin's worker on V1. The same method
+    without the feature goes to V2: the feature is what keeps V1."""
+    from tests.conftest import MODELS_DIR
+    from vllm_ppspec_tools.fixtures.method_drafters import build_method_drafters
+
+    drafters = {**build_method_drafters(MODELS_DIR, models), "draft_copy": models["draft_copy"]}
+    triton(True)
+    served = {}
+    for name, spec in zip(("feature", "plain"), V1_FEATURES[feature], strict=True):
+        spec = {**spec, "model": drafters[spec["model"]], "num_speculative_tokens": 3}
+        cfg = _config(models["target"], pipeline_parallel_size=2, speculative_config=spec)
+        served[name] = _served_by(cfg)
+    assert served["feature"] == (WORKER_QUALNAME, False)
+    worker, v2 = served["plain"]
+    assert not worker.startswith("vllm_ppspec") and v2 is True, worker
+
+
+@pytest.mark.parametrize("has_triton", [False, True], ids=["no-triton", "triton"])
+def test_suffix_with_async_scheduling_is_vllms_refusal(models, triton, has_triton):
+    """vLLM runs async scheduling only with the EAGLE, MTP, draft-model,
+    ngram_gpu, DSpark and DFlash proposers: suffix decoding with
+    --async-scheduling at PP=2 gets vLLM's own refusal, Triton or not; with
+    sync scheduling the plugin's worker serves it."""
+    triton(has_triton)
+    spec = _v1_only_spec(models, "suffix")
+    with pytest.raises(ValueError, match="async scheduling is only supported with EAGLE/MTP") as e:
+        _config(
+            models["target"],
+            pipeline_parallel_size=2,
+            speculative_config=spec,
+            async_scheduling=True,
+        )
+    assert "vllm-ppspec" not in str(e.value)
+    sync = _config(models["target"], pipeline_parallel_size=2, speculative_config=spec)
+    assert _served_by(sync) == (WORKER_QUALNAME, False)
 
 
 def test_v2_asked_for_without_triton_is_vllms_own_business(models, triton, monkeypatch):
