@@ -1,5 +1,7 @@
 """The refusal of each speculative method the plugin does not run under PP
-names why and what to run instead (src/vllm_ppspec/choice/unserved.py)."""
+names why and what to run instead (src/vllm_ppspec/choice/unserved.py),
+through ``EngineArgs(...).create_engine_config()`` as a user's line builds it.
+"""
 
 from __future__ import annotations
 
@@ -44,16 +46,96 @@ def test_every_method_of_vllm_is_served_or_has_a_reason():
     assert set(SUPPORTED_PP_METHODS) - methods <= {"medusa"}, methods
 
 
-@pytest.mark.parametrize("method", sorted(EXPECTED))
-@pytest.mark.parametrize("pp,dp", [(2, 1), (3, 1)])
-def test_each_method_not_run_under_pp_is_refused_naming_why(method, pp, dp):
+def _config(model: str, **kwargs):
+    from vllm.engine.arg_utils import EngineArgs
+
+    return EngineArgs(
+        model=model, dtype="float32", max_model_len=256, **kwargs
+    ).create_engine_config()
+
+
+MLP_SPECULATOR = "MLPSpeculatorPreTrainedModel"
+
+
+def _mlp_speculator_dir(tmp_path) -> str:
+    """A drafter directory whose config is an MLP speculator's (IBM's format):
+    vLLM takes the method from its ``model_type``."""
+    import json
+
+    config = {
+        "model_type": "mlp_speculator",
+        "architectures": [MLP_SPECULATOR],
+        "n_predict": 3,
+        "emb_dim": 128,
+        "inner_dim": 128,
+        "vocab_size": 512,
+        "top_k_tokens_per_head": [1, 1, 1],
+        "n_candidates": 1,
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    return str(tmp_path)
+
+
+@pytest.fixture
+def mlp_speculator_registered(monkeypatch):
+    """vLLM's MLPSpeculator class registered for its architecture, as a user's
+    own plugin would (vLLM 0.32 leaves it out of its registry): the only way a
+    line with an MLP speculator gets past vLLM's own model check."""
+    from vllm import ModelRegistry
+    from vllm.model_executor.models.mlp_speculator import MLPSpeculator
+
+    monkeypatch.setattr(ModelRegistry, "models", dict(ModelRegistry.models))
+    ModelRegistry.register_model(MLP_SPECULATOR, MLPSpeculator)
+
+
+@pytest.mark.parametrize("method", ["dspark", "ngram_gpu", "mlp_speculator"])
+@pytest.mark.parametrize("pp", [2, 3])
+def test_each_method_not_run_under_pp_is_refused_naming_why(
+    models, tmp_path, mlp_speculator_registered, method, pp
+):
+    """A user's line (no --worker-cls) with PP and the method: the config is
+    refused when it is built, in the words of unserved.py: why, and what to
+    run instead."""
+    spec = {
+        "dspark": {"method": "dspark"},  # its stages in the target's checkpoint
+        "ngram_gpu": {"method": "ngram_gpu", "prompt_lookup_max": 3},
+        "mlp_speculator": {"model": _mlp_speculator_dir(tmp_path)},
+    }[method]
+    spec["num_speculative_tokens"] = 3
+    with pytest.raises(ValueError) as e:
+        _config(models["target"], pipeline_parallel_size=pp, speculative_config=spec)
+    message = str(e.value)
+    assert f"speculative method {method!r} with pipeline parallelism" in message, message
+    assert "under vllm-ppspec" in message, message
+    for words in EXPECTED[method]:
+        assert words in message, message
+    assert "medusa" in message  # the methods it runs
+
+
+@pytest.mark.parametrize("pp", [1, 2])
+def test_an_mlp_speculator_is_vllms_own_refusal_at_any_pp(models, tmp_path, pp):
+    """What unserved.py says of mlp_speculator: vLLM 0.32 registers no model
+    class for it, so vLLM refuses the line itself at any PP size, before the
+    plugin is asked."""
+    spec = {"model": _mlp_speculator_dir(tmp_path), "num_speculative_tokens": 3}
+    with pytest.raises(
+        ValueError, match=rf"Model architectures \['{MLP_SPECULATOR}'\] are not"
+    ) as e:
+        _config(models["target"], pipeline_parallel_size=pp, speculative_config=spec)
+    assert "vllm-ppspec" not in str(e.value)
+
+
+def test_the_extract_hidden_states_refusal_names_why():
+    """vLLM refuses PP + extract_hidden_states before the plugin is asked
+    (below); the plugin's own words, should vLLM let it through, on a stand-in
+    of the config the refusals read."""
     from vllm_ppspec.patches.config.refusals import pp_spec_unsupported
 
-    (reason,) = pp_spec_unsupported(_pp_spec_namespace("mp", False, method, pp, dp))
+    method = "extract_hidden_states"
+    (reason,) = pp_spec_unsupported(_pp_spec_namespace("mp", False, method, 2, 1))
     assert reason.startswith(f"speculative method {method!r} with pipeline"), reason
     for words in EXPECTED[method]:
         assert words in reason, reason
-    assert "medusa" in reason  # the methods it runs
 
 
 def test_the_served_methods_are_not_refused():
