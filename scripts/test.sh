@@ -31,8 +31,11 @@ if [ "$set_up" != 1 ]; then
   budget_run setup bash scripts/setup_all.sh || exit
 fi
 
-# A selection of the caller's (-k, a path) may leave one of the runs empty:
-# pytest's exit code 5 (no tests collected) then counts as passed. Each run's
+# A run that collects no test (pytest's exit code 5) fails, unless the
+# caller's selection (-k, a path) explains it: with arguments, a run may
+# collect nothing (the e2e run of a -k that names unit tests), but the script
+# fails if every run collected nothing (a selection that matches no test);
+# without arguments each run must collect its tests. Each run's
 # failures (pytest's "FAILED tests/..." and "ERROR tests/..." summary lines,
 # not a captured log record that starts with "ERROR") are gathered
 # in .cache/failed-tests.txt and printed again at the very end of the run
@@ -47,10 +50,20 @@ pytest_run() {
   "$@" 2>&1 | tee "$log" || status=$?
   grep -E '^(FAILED|ERROR) [^ ]+\.py( |::|$)' "$log" >> "$FAILED_TESTS" || true
   rm -f "$log"
-  [ "$status" -eq 5 ] && [ "$USER_ARGS" -gt 0 ] && status=0
+  PYTEST_RUNS=$((PYTEST_RUNS + 1))
+  if [ "$status" -eq 5 ]; then
+    if [ "$USER_ARGS" -gt 0 ]; then
+      EMPTY_RUNS=$((EMPTY_RUNS + 1))
+      status=0
+    else
+      echo "== this run collected no test (pytest's exit code 5): each run of the whole suite must"
+    fi
+  fi
   return "$status"
 }
 USER_ARGS=$#
+PYTEST_RUNS=0
+EMPTY_RUNS=0
 
 status=0
 PYTEST=(-m pytest -v -rA --durations=0)
@@ -80,6 +93,10 @@ echo "== vLLM 0.34.0 (overlay): the cases of tests/on_vllm_0.34.txt =="
 mapfile -t cases < <(grep -v '^#' tests/on_vllm_0.34.txt)
 budget_run vllm-0.34 pytest_run .venv-0.34/bin/python "${PYTEST[@]}" --expect-vllm=0.34.0 \
   -m "not e2e" "$@" "${cases[@]}" || status=$?
+if [ "$USER_ARGS" -gt 0 ] && [ "$PYTEST_RUNS" -gt 0 ] && [ "$EMPTY_RUNS" -eq "$PYTEST_RUNS" ]; then
+  echo "== NO TEST COLLECTED by any of the $PYTEST_RUNS pytest runs with the arguments: $*"
+  status=5
+fi
 if [ "$BUDGET_OWNER" = 1 ]; then
   print_failed_tests
   budget_report || status=$?

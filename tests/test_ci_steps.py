@@ -1,5 +1,6 @@
 """A CI step fails when any command inside it fails (``.ci/run``,
-``scripts/test.sh``).
+``scripts/test.sh``), and a test run that collects no test fails unless the
+caller's selection explains it (``scripts/test.sh``).
 
 Each case runs the repository's own ``.ci/run``, ``scripts/test.sh`` and
 ``scripts/budget.sh`` in a copy of the tree whose installs, downloads, tools and
@@ -43,6 +44,7 @@ STAND_INS = [
     ".venv-0.34/bin/python",
 ]
 STAND_IN = """#!/usr/bin/env bash
+shopt -s extglob  # EMPTY may be an extended pattern: @(a|b)
 call="{name}${{*:+ $*}}"
 case "$call" in
   "${{SLOW:-__none__}}"*) sleep 2 ;;
@@ -53,17 +55,26 @@ case "$call" in
     echo "ERROR    vllm.ppspec:plugin.py:67 a logged error, not a failed test"
     echo "FAILED tests/test_stand_in.py::test_case - $call"
     echo "after it"; exit 7 ;;
+  ${{EMPTY:-__none__}})
+    echo "no tests ran in 0.01s"; exit 5 ;;
 esac
 exit 0
 """
 
 
 def _run(
-    tmp_path: Path, script: str, fail: str, slow: str = "__none__"
+    tmp_path: Path,
+    script: str,
+    fail: str,
+    slow: str = "__none__",
+    empty: str = "__none__",
+    args: tuple[str, ...] = (),
 ) -> tuple[subprocess.CompletedProcess, list[str]]:
-    """Run ``script`` (a path in the tree) in a copy of the tree where each call
-    starting with ``fail`` exits 7 and each starting with ``slow`` takes 2 s
-    before it is recorded; the result and every call made."""
+    """Run ``script`` (a path in the tree) with ``args`` in a copy of the tree
+    where each call starting with ``fail`` exits 7, each starting with ``slow``
+    takes 2 s before it is recorded, and each matching the bash pattern
+    ``empty`` exits 5 as pytest does when it collects no test; the result and
+    every call made."""
     root = tmp_path / "repo"
     for path in REAL:
         (root / path).parent.mkdir(parents=True, exist_ok=True)
@@ -74,12 +85,18 @@ def _run(
         (root / path).chmod(0o755)
     calls = tmp_path / "calls"
     calls.touch()
-    env = {**os.environ, "CALLS": str(calls), "TMPDIR": str(tmp_path), "SLOW": slow}
+    env = {
+        **os.environ,
+        "CALLS": str(calls),
+        "TMPDIR": str(tmp_path),
+        "SLOW": slow,
+        "EMPTY": empty,
+    }
     # What a CI run around this test sets for its own scripts/test.sh.
     for name in ("PPSPEC_BUDGET_FILE", "PPSPEC_SET_UP", "PPSPEC_WAIT_BEFORE_E2E"):
         env.pop(name, None)
     out = subprocess.run(
-        ["bash", str(root / script)],
+        ["bash", str(root / script), *args],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -195,3 +212,53 @@ def test_the_run_ends_by_naming_the_failed_tests_and_failed_parts(tmp_path, scri
     rows = {r.split()[0]: r.split()[3:] for r in tail.split("== BUDGET")[-1].splitlines()[2:10]}
     assert rows["e2e"][:2] == ["FAILED(exit", "7)"], rows
     assert rows["unit"][:1] == ["passed"], rows
+
+
+# The pytest runs of scripts/test.sh, as the stand-ins record them: the unit
+# and e2e runs on vLLM 0.32, the 0.33 list's two, the 0.34 list's one.
+UNIT_RUN = ".venv/bin/python -m pytest *-m not e2e*"
+E2E_RUN = ".venv/bin/python -m pytest *-m e2e*"
+EVERY_RUN = "*/bin/python -m pytest*"
+
+
+@pytest.mark.parametrize(("empty", "part"), [(UNIT_RUN, "unit"), (E2E_RUN, "e2e")])
+def test_a_run_of_the_whole_suite_that_collects_no_test_fails(tmp_path, empty, part):
+    """Without arguments every run selects its tests itself: one that collects
+    none (a marker or a path renamed) fails its part and the script."""
+    out, calls = _run(tmp_path, "scripts/test.sh", NOTHING, empty=empty)
+    assert out.returncode != 0, out.stdout + out.stderr
+    codes = _codes(tmp_path)
+    assert codes[part] == 5, codes
+    assert {p: c for p, c in codes.items() if p != part} == dict.fromkeys(
+        [p for p in ("setup", "unit", "e2e", "vllm-0.33", "vllm-0.34") if p != part], 0
+    ), codes
+    assert "this run collected no test" in out.stdout, out.stdout
+    assert "NO TEST COLLECTED" not in out.stdout
+
+
+def test_a_selection_may_leave_some_runs_empty(tmp_path):
+    """With the caller's arguments (-k naming unit tests) the runs that collect
+    nothing are explained by the selection: the script passes."""
+    args = ("-k", "test_adaptive_k")
+    empty = f"@({E2E_RUN}|.venv-0.3[34]/bin/python -m pytest*)"
+    out, calls = _run(tmp_path, "scripts/test.sh", NOTHING, empty=empty, args=args)
+    assert out.returncode == 0, out.stdout + out.stderr
+    runs = [c for c in calls if "-m pytest" in c]
+    assert len(runs) == 5 and all("-k test_adaptive_k" in c for c in runs), runs
+    assert out.stdout.count("no tests ran") == 4, out.stdout  # all but the unit run
+    assert set(_codes(tmp_path).values()) == {0}, _codes(tmp_path)
+
+
+def test_a_selection_that_no_run_collects_a_test_of_fails(tmp_path):
+    """A selection that matches no test anywhere (a typo in -k) fails the
+    script, naming the arguments, though each run alone counts as passed."""
+    args = ("-k", "test_no_such_test")
+    out, calls = _run(tmp_path, "scripts/test.sh", NOTHING, empty=EVERY_RUN, args=args)
+    assert out.returncode == 5, out.stdout + out.stderr
+    assert len([c for c in calls if "-m pytest" in c]) == 5, calls
+    assert out.stdout.count("no tests ran") == 5, out.stdout
+    assert set(_codes(tmp_path).values()) == {0}, _codes(tmp_path)
+    assert (
+        "== NO TEST COLLECTED by any of the 5 pytest runs with the arguments: -k "
+        "test_no_such_test" in out.stdout
+    ), out.stdout
