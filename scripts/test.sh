@@ -56,7 +56,8 @@ pytest_run() {
       EMPTY_RUNS=$((EMPTY_RUNS + 1))
       status=0
     else
-      echo "== this run collected no test (pytest's exit code 5): each run of the whole suite must"
+      echo "== this run collected no test (pytest's exit code 5): the whole suite's runs must" \
+        "each collect some"
     fi
   fi
   return "$status"
