@@ -5,13 +5,16 @@ The hosts are network + pid namespaces on this machine joined by a bridge
 addresses, pids, ``/dev/shm`` and hostname. Host 0 runs ``vllm serve ...
 --nnodes 3 --node-rank 0`` (API server, engine core, PP rank 0); hosts 1 and
 2 ``--node-rank 1`` / ``2 --headless``: the middle stage has a peer on each
-side on other hosts, the last holds the sampler and the drafter.
+side on other hosts, the last holds the sampler and the drafter. A second
+network (a second bridge) joins the hosts for gloo (``gloo_link``):
+``VLLM_HOST_IP`` is on the first, ``GLOO_SOCKET_IFNAME`` names the second, and
+the peer watch listens on gloo's address.
 
 Two deployments, each checked twice (CI time: two start-ups in all):
 
 - sync scheduling: greedy tokens equal PP=1, then a SIGKILL of the middle
   host's worker with requests decoding ends the engine on every host within
-  10 s;
+  10 s, and the middle host is named at its gloo address by its peers;
 - async scheduling: greedy tokens equal PP=1, then a Ctrl-C of host 0's
   ``vllm serve`` (SIGINT to its process group) empties all three hosts within
   15 s, each exiting with vLLM's own status, no error line in any log, each
@@ -60,7 +63,8 @@ GOODBYE = re.compile(
 
 @pytest.fixture(scope="module")
 def hosts():
-    with pp_hosts("e3", PP) as h:
+    with pp_hosts("e3", PP, gloo_link=True) as h:
+        assert all(n.gloo_host.addr != n.host.addr for n in h.nodes)
         yield h
 
 
@@ -152,6 +156,12 @@ def test_pp3_sync_across_three_hosts_matches_pp1_then_a_killed_middle_worker_end
     check_acceptance(DRAFTER, counts)
     check_pipeline_logs([p.read_text() for p in pipe.logs])
     assert in_flight and all(results[i] != "completed" for i in in_flight), (in_flight, results)
+    # Its peers' watches name the killed rank at the address its watch listened
+    # on: gloo's interface's (the PP data's path), not VLLM_HOST_IP's.
+    logs = [p.read_text() for p in pipe.logs]
+    on_gloo, on_host_ip = (f"PP rank 1 at {a}:" for a in (middle.gloo_host.addr, middle.host.addr))
+    assert any(on_gloo in logs[r] for r in (0, 2)), "\n".join(log[-2000:] for log in logs)
+    assert not any(on_host_ip in log for log in logs), "named at VLLM_HOST_IP's address"
     print(
         f"SIGKILL of the middle host's worker: /health not 200 after {unhealthy_after:.1f} s, "
         f"all three hosts empty after {gone_after:.1f} s; requests: {results}"

@@ -5,6 +5,10 @@ their own addresses, pids, ``/dev/shm`` and hostnames, joined by a veth pair.
 Host 0 runs ``vllm serve ... --nnodes 2 --node-rank 0`` (API server, engine
 core, PP rank 0); host 1 ``--node-rank 1 --headless`` (PP rank 1: the sampler
 and the drafter). The client reaches host 0's API server over a second link.
+A second network joins the hosts for gloo (``gloo_link``): ``VLLM_HOST_IP`` is
+each host's address on the first, ``GLOO_SOCKET_IFNAME`` names its interface
+on the second, and the peer watch must listen on gloo's (the PP data's path):
+a frozen host is named at that address by the other.
 """
 
 from __future__ import annotations
@@ -46,7 +50,8 @@ SHM_OFF = "CPU SHM communicator disabled for group pp"
 
 @pytest.fixture(scope="module")
 def hosts():
-    with two_hosts("e2e") as h:
+    with two_hosts("e2e", gloo_link=True) as h:
+        assert all(n.gloo_host.addr != n.host.addr for n in h.nodes)
         yield h
 
 
@@ -318,8 +323,11 @@ def test_a_fault_across_hosts_fails_requests_and_ends_both_hosts(hosts, models, 
     if fault.startswith("stop-worker-host"):
         r = int(fault[-1])
         logs = [p.read_text() for p in pipe.logs]
-        # The other host names the frozen one (rank and address) by its beats.
-        other, frozen = logs[1 - r], hosts.nodes[r].host.addr
-        assert f"PP rank {r} at {frozen}:" in other and "no heartbeat for" in other, other[-3000:]
+        # The other host names the frozen one by its beats, at the address its
+        # peer watch listens on: gloo's interface's, not VLLM_HOST_IP's.
+        other, frozen = logs[1 - r], hosts.nodes[r]
+        named = f"PP rank {r} at {frozen.gloo_host.addr}:"
+        assert named in other and "no heartbeat for" in other, other[-3000:]
+        assert f"PP rank {r} at {frozen.host.addr}:" not in other, other[-3000:]
         # The frozen host's guardian ended its worker.
         assert GUARDIAN_LINE in logs[r], logs[r][-3000:]

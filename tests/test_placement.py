@@ -11,7 +11,9 @@ and connects its peer watch; the same two ranks in the root namespace use
 the loopback. Under Ray the address is Ray's node IP, not ``get_ip()``'s (a
 stand-in for ``ray``). With ``GLOO_SOCKET_IFNAME`` set, the watch is on the PP
 data's path: that interface's address, whatever ``VLLM_HOST_IP`` or the
-default route say.
+default route say; across the two namespaces too, where gloo's interface is
+on a second network (``netns.second_network``) and ``VLLM_HOST_IP`` and the
+TCP store are on the first.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import pytest
 
 from tests.delay_ranks import run_json_ranks
 from vllm_ppspec.runner.health import placement
-from vllm_ppspec_tools.hosts.netns import _ip, bare_hosts, veth_hosts
+from vllm_ppspec_tools.hosts.netns import _ip, bare_hosts, second_network, veth_hosts
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -42,7 +44,7 @@ group = dist.new_group(backend="gloo")
 one = pp_on_one_host(group)
 host = peer_watch_host(group)
 peers = connect_peers(group, host)
-print(json.dumps({"one_host": one, "host": host, "peers": sorted(peers)}), flush=True)
+print(json.dumps({"one_host": one, "host": host, "peers": peers.addresses}), flush=True)
 dist.destroy_process_group()
 """
 
@@ -63,8 +65,11 @@ def _env(**extra: str) -> dict[str, str]:
 def test_ranks_on_two_hosts_watch_each_other_on_their_own_addresses(shm):
     """``shared``: both namespaces see one ``/dev/shm`` (vLLM's shared-memory
     test says one node); before the network check both ranks listened on
-    their own loopback and the connection was refused."""
-    with veth_hosts("place") as (a, b):
+    their own loopback and the connection was refused. Each namespace has two
+    addresses: ``VLLM_HOST_IP`` (and the TCP store) on the first network,
+    gloo's interface on the second; each watch listens, and is reached, on
+    gloo's."""
+    with veth_hosts("place") as (a, b), second_network((a, b)) as (ga, gb):
         init = f"tcp://{a.addr}:{_free_port()}"
         cmds = []
         for rank, host in enumerate((a, b)):
@@ -73,11 +78,14 @@ def test_ranks_on_two_hosts_watch_each_other_on_their_own_addresses(shm):
                 continue
             own_shm = f'mount -t tmpfs tmpfs /dev/shm && exec {sys.executable} -c "$0" $@'
             cmds.append(host.cmd("unshare", "--mount", "sh", "-c", own_shm, RANK, str(rank), init))
-        envs = [_env(VLLM_HOST_IP=h.addr, GLOO_SOCKET_IFNAME=h.ifname) for h in (a, b)]
+        envs = [
+            _env(VLLM_HOST_IP=h.addr, GLOO_SOCKET_IFNAME=g.ifname) for h, g in ((a, ga), (b, gb))
+        ]
         r0, r1 = run_json_ranks(cmds, envs, timeout=120)
     assert (r0["one_host"], r1["one_host"]) == (False, False)
-    assert (r0["host"], r1["host"]) == (a.addr, b.addr)
-    assert (r0["peers"], r1["peers"]) == ([1], [0])
+    assert (r0["host"], r1["host"]) == (ga.addr, gb.addr)  # not VLLM_HOST_IP's a.addr, b.addr
+    assert list(r0["peers"]) == ["1"] and r0["peers"]["1"].startswith(f"{gb.addr}:"), r0
+    assert list(r1["peers"]) == ["0"] and r1["peers"]["0"].startswith(f"{ga.addr}:"), r1
 
 
 def test_ranks_on_one_host_watch_each_other_on_the_loopback():
@@ -86,7 +94,7 @@ def test_ranks_on_one_host_watch_each_other_on_the_loopback():
     r0, r1 = run_json_ranks(cmds, [_env(), _env()], timeout=120)
     assert (r0["one_host"], r1["one_host"]) == (True, True)
     assert r0["host"] == r1["host"] == "127.0.0.1"
-    assert (r0["peers"], r1["peers"]) == ([1], [0])
+    assert (list(r0["peers"]), list(r1["peers"])) == (["1"], ["0"])
 
 
 def test_the_loopback_is_chosen_only_for_one_network_namespace():

@@ -4,8 +4,10 @@ by a bridge (any number).
 Each namespace gets an address the caller assigns (10.<net>.<n>.1, .2, ...
 on a /24 of its own); traffic goes between them only. :func:`veth_hosts` and
 :func:`bridge_hosts` make them and delete them by name afterwards, even when
-the caller fails. They need root and iproute2 (``ip netns``); without them
-they raise saying so (a test using them fails, it does not skip).
+the caller fails. :func:`second_network` joins the same namespaces by a
+second network (another interface and address on each host: a data
+network beside the hosts' own). They need root and iproute2 (``ip netns``);
+without them they raise saying so (a test using them fails, it does not skip).
 """
 
 from __future__ import annotations
@@ -110,6 +112,49 @@ def bridge_hosts(tag: str, count: int) -> Iterator[tuple[Host, ...]]:
                 _ip("-n", host.netns, "link", "set", host.ifname, "up")
             yield hosts
         finally:
+            subprocess.run(["ip", "netns", "delete", switch], capture_output=True)
+
+
+SECOND_NET = 239  # second_network's addresses: 10.239.<n>.1, .2, ...
+
+
+@contextmanager
+def second_network(hosts: tuple[Host, ...]) -> Iterator[tuple[Host, ...]]:
+    """The same namespaces joined a second time: two by a veth pair, more by
+    a bridge in a namespace of its own (``ppspec-...-sw2``). Each host's view
+    of it (its namespace, its interface there ``pg...``, its address
+    ``10.239.<n>.<i + 1>``); the links go with the namespaces."""
+    subnet = hosts[0].addr.split(".")[2]
+    second = tuple(
+        Host(h.netns, f"pg{h.ifname[2:]}", f"10.{SECOND_NET}.{subnet}.{i + 1}")
+        for i, h in enumerate(hosts)
+    )
+    switch = f"{hosts[0].netns[:-2]}-sw2"  # ppspec-<tag>-<pid>-sw2
+    try:
+        if len(second) == 2:
+            a, b = second
+            _ip(
+                "link", "add", a.ifname, "netns", a.netns,
+                "type", "veth", "peer", "name", b.ifname, "netns", b.netns,
+            )  # fmt: skip
+        else:
+            _ip("netns", "add", switch)
+            _ip("-n", switch, "link", "add", "br1", "type", "bridge")
+            _ip("-n", switch, "link", "set", "br1", "up")
+            for host in second:
+                port = f"{host.ifname}s"
+                _ip(
+                    "link", "add", host.ifname, "netns", host.netns,
+                    "type", "veth", "peer", "name", port, "netns", switch,
+                )  # fmt: skip
+                _ip("-n", switch, "link", "set", port, "master", "br1")
+                _ip("-n", switch, "link", "set", port, "up")
+        for host in second:
+            _ip("-n", host.netns, "addr", "add", f"{host.addr}/24", "dev", host.ifname)
+            _ip("-n", host.netns, "link", "set", host.ifname, "up")
+        yield second
+    finally:
+        if len(second) > 2:
             subprocess.run(["ip", "netns", "delete", switch], capture_output=True)
 
 

@@ -6,7 +6,10 @@ Each host is a network namespace with its own pid namespace, ``/dev/shm``
 (or this machine's, shared by all) and hostname (``netns`` makes the
 namespaces and the veth pair between two, or the bridge between more;
 ``delay_line`` a slow link between two; a second veth pair joins the first
-host to the root namespace, where the client runs). Its process 1 is ``node_init``,
+host to the root namespace, where the client runs; with ``gloo_link`` a
+second network joins the hosts for gloo: ``VLLM_HOST_IP`` on the first,
+``GLOO_SOCKET_IFNAME`` naming the second, two addresses per host as on a
+machine with a data network). Its process 1 is ``node_init``,
 which runs a fork server (vLLM imported once per host) inside the host:
 every ``vllm serve`` is forked from it, so it runs in that host's
 namespaces, with that host's pids.
@@ -33,7 +36,14 @@ from vllm_ppspec_tools.fixtures import forkserver
 from vllm_ppspec_tools.fixtures.server import health, pp_spec_args, serve_args
 from vllm_ppspec_tools.fixtures.spec_configs import tiny_spec
 from vllm_ppspec_tools.hosts.delay_line import delay_link
-from vllm_ppspec_tools.hosts.netns import Host, _ip, bare_hosts, bridge_hosts, veth_hosts
+from vllm_ppspec_tools.hosts.netns import (
+    Host,
+    _ip,
+    bare_hosts,
+    bridge_hosts,
+    second_network,
+    veth_hosts,
+)
 
 K = 3  # draft tokens per round (the tests' K, tests/acceptance.py)
 MAX_MODEL_LEN = 512
@@ -73,6 +83,13 @@ class Node:
     host: Host
     server: forkserver.ForkServer
     jobs: list[Any] = field(default_factory=list)
+    gloo: Host | None = None  # the second network's interface (gloo_link), else None
+
+    @property
+    def gloo_host(self) -> Host:
+        """Where gloo binds (``GLOO_SOCKET_IFNAME``): the second network's
+        interface if there is one, else the host's own."""
+        return self.gloo or self.host
 
     def init_pid(self) -> int:
         """Root-namespace pid of this host's process 1 (unshare's child)."""
@@ -145,22 +162,32 @@ TwoHosts = Hosts  # the two-host callers' name
 
 
 @contextmanager
-def two_hosts(tag: str, delay_ms: float | None = None, shared_shm: bool = False) -> Iterator[Hosts]:
+def two_hosts(
+    tag: str, delay_ms: float | None = None, shared_shm: bool = False, gloo_link: bool = False
+) -> Iterator[Hosts]:
     """Hosts 0 and 1: :func:`pp_hosts` with two."""
-    with pp_hosts(tag, 2, delay_ms, shared_shm) as hosts:
+    with pp_hosts(tag, 2, delay_ms, shared_shm, gloo_link) as hosts:
         yield hosts
 
 
 @contextmanager
 def pp_hosts(
-    tag: str, count: int, delay_ms: float | None = None, shared_shm: bool = False
+    tag: str,
+    count: int,
+    delay_ms: float | None = None,
+    shared_shm: bool = False,
+    gloo_link: bool = False,
 ) -> Iterator[Hosts]:
     """Hosts 0 to ``count - 1`` (fork servers started), and the client link
     to host 0. Two hosts are linked by a veth pair, or with ``delay_ms`` by the
     delay line (``delay_line``: TUN devices, that one-way delay); more by a
     bridge (``netns.bridge_hosts``). ``shared_shm``: every host sees this
-    machine's ``/dev/shm`` (:func:`host_fork_server`)."""
+    machine's ``/dev/shm`` (:func:`host_fork_server`). ``gloo_link``: a
+    second network joins the hosts (``netns.second_network``) and gloo is
+    given its interface (:func:`node_env`); a link cut by ``link_down`` on the
+    first then leaves gloo's up."""
     assert delay_ms is None or count == 2, "the delay line joins two hosts"
+    assert delay_ms is None or not gloo_link, "the delay line is the hosts' one link"
     with ExitStack() as stack:
         hosts: tuple[Host, ...]
         if count > 2:
@@ -173,6 +200,9 @@ def pp_hosts(
             stack.enter_context(
                 delay_link(a.netns, a.ifname, a.addr, b.netns, b.ifname, b.addr, delay_ms)
             )
+        glooed: tuple[Host | None, ...] = (None,) * count
+        if gloo_link:
+            glooed = stack.enter_context(second_network(hosts))
         a = hosts[0]
         subnet = a.addr.split(".")[2]
         root_if, host_if = f"{a.ifname[:-1]}c", f"{a.ifname[:-1]}d"
@@ -185,8 +215,8 @@ def pp_hosts(
         _ip("-n", a.netns, "addr", "add", f"{client_addr}/24", "dev", host_if)
         _ip("-n", a.netns, "link", "set", host_if, "up")
         nodes = tuple(
-            Node(rank, host, host_fork_server(host, f"ppspec-host{rank}", shared_shm))
-            for rank, host in enumerate(hosts)
+            Node(rank, host, host_fork_server(host, f"ppspec-host{rank}", shared_shm), gloo=gloo)
+            for rank, (host, gloo) in enumerate(zip(hosts, glooed, strict=True))
         )
         for node in nodes:
             stack.callback(_end_host, node)
@@ -248,13 +278,14 @@ def node_args(
 
 
 def node_env(hosts: Hosts, rank: int) -> dict[str, str]:
-    """What each node needs (docs/across-hosts.md): its own address for vLLM
-    and gloo, and one OpenMP core list per local rank."""
-    host = hosts.nodes[rank].host
+    """What each node needs (docs/across-hosts.md): its own address for vLLM,
+    gloo's interface (the host's own, or the second network's: ``gloo_link``),
+    and one OpenMP core list per local rank."""
+    node = hosts.nodes[rank]
     return {
         **os.environ,
-        "VLLM_HOST_IP": host.addr,
-        "GLOO_SOCKET_IFNAME": host.ifname,
+        "VLLM_HOST_IP": node.host.addr,
+        "GLOO_SOCKET_IFNAME": node.gloo_host.ifname,
         "VLLM_CPU_OMP_THREADS_BIND": str(rank % (os.cpu_count() or 1)),
         "VLLM_CPU_KVCACHE_SPACE": "1",
     }
