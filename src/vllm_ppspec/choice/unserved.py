@@ -23,7 +23,10 @@ WHY_UNSERVED: dict[str, str] = {
         "CUDA with Triton vLLM's Model Runner V2 serves it under PP; elsewhere use "
         "method 'ngram'"
     ),
-    "dspark": f"{_AUX_STATES}; use method 'eagle3' or 'dflash', or dspark at PP=1",
+    "dspark": (
+        f"{_AUX_STATES}; use method 'eagle3' or 'dflash', or dspark at PP=1 where vLLM "
+        "runs Model Runner V2 (its V1 runner, the CPU backend's, has no dspark)"
+    ),
     "extract_hidden_states": (
         "vLLM refuses it under PP itself, before the plugin is asked: SpeculativeConfig "
         "checks SupportsPP on its ExtractHiddenStatesModel (vllm/config/speculative.py, "
