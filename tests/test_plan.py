@@ -5,8 +5,10 @@ engine started): the plan settled at the end of ``__post_init__`` says who
 serves, the mode, the batches in flight, the scheduler, whether the ranks
 check the deployment and watch each other, and what vLLM's config reports
 (``max_concurrent_batches``, the scheduler class) is what the plan says. The
-plan travels with the config to the workers (pickled), and a config that
-changes after it was settled keeps its plan: nothing decides twice.
+plan travels with the config to the workers (pickled) and through vLLM's
+``config.utils.replace`` (which keeps only fields: the drafter's config is made
+with it), and a config that changes after it was settled keeps its plan:
+nothing decides twice. Where no rank can act the config is vLLM's.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import pickle
 import pytest
 
 from vllm_ppspec import WORKER_QUALNAME
-from vllm_ppspec.choice.plan import PLAN_ATTR, Plan, decide, plan_of
+from vllm_ppspec.choice.plan import PLAN_KEY, Plan, decide, plan_of
 from vllm_ppspec.choice.policy import Mode
 from vllm_ppspec.plugin import register
 
@@ -42,7 +44,10 @@ def _automatic(monkeypatch):
 
 def test_pp_spec_settles_the_plugins_plan_and_vllm_reads_it(models):
     cfg = _config(models, pipeline_parallel_size=2, speculative_config=_spec(models))
-    plan = getattr(cfg, PLAN_ATTR)
+    assert cfg.additional_config[PLAN_KEY] == {
+        "worker": True, "line": True, "mode": "SYNC", "pp": 2
+    }
+    plan = plan_of(cfg)
     assert plan == Plan(worker=True, line=True, mode=Mode.SYNC, pp=2)
     assert plan.acts and plan.serves_pp and plan.checks_deployment and plan.watches_peers
     assert cfg.parallel_config.worker_cls == WORKER_QUALNAME
@@ -69,6 +74,7 @@ def test_where_no_rank_can_act_the_plan_checks_and_watches_nothing(models, shape
     assert not plan.checks_deployment and not plan.watches_peers
     assert plan.batches_in_flight is None and plan.scheduler is None
     assert not str(cfg.parallel_config.worker_cls).startswith("vllm_ppspec")
+    assert PLAN_KEY not in cfg.additional_config  # the config (and its hash) is vLLM's
 
 
 def test_a_line_vllms_own_worker_serves_still_checks_the_deployment(models, monkeypatch):
@@ -84,9 +90,28 @@ def test_a_line_vllms_own_worker_serves_still_checks_the_deployment(models, monk
 def test_the_plan_travels_with_the_config_and_is_not_decided_again(models):
     cfg = _config(models, pipeline_parallel_size=2, speculative_config=_spec(models))
     settled = plan_of(cfg)
-    assert pickle.loads(pickle.dumps(cfg)).__dict__[PLAN_ATTR] == settled
+    assert plan_of(pickle.loads(pickle.dumps(cfg))) == settled
+    assert isinstance(cfg.compute_hash(), str)  # vLLM hashes additional_config as JSON
     # Changed after __post_init__: the settled plan stands (decided once), while
     # a fresh decision would differ.
     cfg.scheduler_config.async_scheduling = True
     assert decide(cfg).mode is Mode.LANES
     assert plan_of(cfg) is settled and cfg.max_concurrent_batches == 2
+
+
+def test_vllms_replace_keeps_the_plan_and_settles_the_new_config_alone(models):
+    """vLLM makes a draft model's config with ``config.utils.replace``, which
+    rebuilds the config from its fields: an attribute outside them made it
+    raise ("Field ... not found in VllmConfig") in every draft-model worker."""
+    from vllm.config.utils import replace
+
+    cfg = _config(models, pipeline_parallel_size=2, speculative_config=_spec(models))
+    settled = plan_of(cfg)
+    before = dict(cfg.additional_config)
+    parallel = replace(cfg.parallel_config, pipeline_parallel_size=1)
+    new = replace(cfg, parallel_config=parallel)
+    assert plan_of(new) == decide(new) and plan_of(new).pp == 1 and not plan_of(new).line
+    assert PLAN_KEY not in new.additional_config
+    assert cfg.additional_config == before and plan_of(cfg) == settled
+    same = replace(cfg)
+    assert plan_of(same) == settled

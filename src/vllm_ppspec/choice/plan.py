@@ -5,8 +5,13 @@ A :class:`Plan` says who serves (:attr:`Plan.worker`, :attr:`Plan.line`,
 scheduler, whether the ranks compare their decisions at start-up
 (:attr:`Plan.checks_deployment`) and whether the PP ranks watch each other
 (:attr:`Plan.watches_peers`). The config patch settles it at the end of
-``VllmConfig.__post_init__`` (:func:`settle`: stored on the config, which the
-workers receive with it); every reader calls :func:`plan_of`:
+``VllmConfig.__post_init__`` (:func:`settle`); every reader calls :func:`plan_of`.
+On a line the plugin serves the plan is written into the config's
+``additional_config`` (vLLM's slot for platform and plugin settings: a field,
+so it travels with the config to the workers and through vLLM's
+``config.utils.replace``, which keeps only fields), as plain values under
+:data:`PLAN_KEY`. Elsewhere nothing is written (the config and its hash stay
+vLLM's) and :func:`plan_of` decides the plan, which is off. The readers:
 
 * the config patches (``patches/config/``): the V1 runner kept, the refusals,
   the batches in flight, the scheduler, the kept CPU ``--async-scheduling``,
@@ -21,6 +26,7 @@ Inside ``__post_init__``, before vLLM settles async scheduling, the patch reads
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,8 +34,8 @@ from vllm_ppspec.choice import policy
 from vllm_ppspec.choice.policy import Mode
 from vllm_ppspec.choice.worker import line_of, plugin_line, plugin_named
 
-# The settled plan, on the VllmConfig it was decided for.
-PLAN_ATTR = "_vllm_ppspec_plan"
+# The settled plan's key in ``VllmConfig.additional_config``.
+PLAN_KEY = "vllm_ppspec_plan"
 
 
 @dataclass(frozen=True)
@@ -95,16 +101,37 @@ def decide(vllm_config: Any) -> Plan:
 
 
 def settle(vllm_config: Any) -> Plan:
-    """Decide the plan and keep it on the config (end of ``__post_init__``)."""
+    """Decide the plan and keep it on the config (end of ``__post_init__``).
+
+    A new ``additional_config`` dict: a config made by ``replace`` from another
+    shares the other's dict and is settled again on its own."""
     plan = decide(vllm_config)
-    object.__setattr__(vllm_config, PLAN_ATTR, plan)
+    extra = getattr(vllm_config, "additional_config", None)
+    if isinstance(extra, dict) and (plan.line or PLAN_KEY in extra):
+        extra = {k: v for k, v in extra.items() if k != PLAN_KEY}
+        if plan.line:
+            extra[PLAN_KEY] = _values(plan)
+        object.__setattr__(vllm_config, "additional_config", extra)
     return plan
 
 
 def plan_of(vllm_config: Any) -> Plan:
     """The config's settled plan; decided now for a config that has none."""
-    plan = getattr(vllm_config, PLAN_ATTR, None)
-    return plan if isinstance(plan, Plan) else decide(vllm_config)
+    extra = getattr(vllm_config, "additional_config", None)
+    values = extra.get(PLAN_KEY) if isinstance(extra, dict) else None
+    if not isinstance(values, dict):
+        return decide(vllm_config)
+    return _plan(values["worker"], values["line"], values["mode"], values["pp"])
+
+
+def _values(plan: Plan) -> dict[str, Any]:
+    # Plain values: vLLM hashes additional_config as JSON (VllmConfig.compute_hash).
+    return {"worker": plan.worker, "line": plan.line, "mode": plan.mode.name, "pp": plan.pp}
+
+
+@functools.lru_cache(maxsize=64)
+def _plan(worker: bool, line: bool, mode: str, pp: int) -> Plan:
+    return Plan(worker=worker, line=line, mode=Mode[mode], pp=pp)
 
 
 def headless_node(parallel_config: Any) -> bool:
