@@ -45,7 +45,10 @@ def _automatic(monkeypatch):
 def test_pp_spec_settles_the_plugins_plan_and_vllm_reads_it(models):
     cfg = _config(models, pipeline_parallel_size=2, speculative_config=_spec(models))
     assert cfg.additional_config[PLAN_KEY] == {
-        "worker": True, "line": True, "mode": "SYNC", "pp": 2
+        "worker": True,
+        "line": True,
+        "mode": "SYNC",
+        "pp": 2,
     }
     plan = plan_of(cfg)
     assert plan == Plan(worker=True, line=True, mode=Mode.SYNC, pp=2)

@@ -59,7 +59,10 @@ def dated_headings(text: str) -> list[str]:
 
 
 def test_the_dated_heading_finder():
-    text = "# Page\n\n## A run (2026-12-04)\n\nmeasured 2026-12-04\n\n```\n# 2026-12-05 a comment\n```\n"
+    text = (
+        "# Page\n\n## A run (2026-12-04)\n\nmeasured 2026-12-04\n\n"
+        "```\n# 2026-12-05 a comment\n```\n"
+    )
     assert dated_headings(text) == ["## A run (2026-12-04)"]
     assert dated_headings("## Layout\n\nA line from 2026-12-04.\n") == []
 
