@@ -107,13 +107,19 @@ def run_ranks(
     timeout: float = 120.0,
     vllm_groups: bool = False,
 ) -> list[RankResult]:
-    port = _free_port()
-    ident = f"ppspec-test-{uuid.uuid4().hex}"
     env = dict(os.environ)
-    try:
-        return _run(fn, world, timeout, vllm_groups, port, ident, env)
-    finally:
-        remove_shm_segments(ident)
+    for _attempt in range(3):
+        # The port is free when chosen and bound by rank 0 later: another test
+        # process may take it between (EADDRINUSE); then the ranks start again.
+        port = _free_port()
+        ident = f"ppspec-test-{uuid.uuid4().hex}"
+        try:
+            results = _run(fn, world, timeout, vllm_groups, port, ident, env)
+        finally:
+            remove_shm_segments(ident)
+        if not any("EADDRINUSE" in (r.message or "") for r in results):
+            break
+    return results
 
 
 def remove_shm_segments(ident: str, shm_dir: Path = Path("/dev/shm")) -> list[str]:

@@ -33,9 +33,17 @@ from vllm_ppspec_tools.hosts.netns import _ip, bare_hosts, second_network, veth_
 
 REPO = Path(__file__).resolve().parent.parent
 
+# Each rank ends with no gloo or TCP-store thread left (``threads_left``). vLLM
+# is imported first, as in a vLLM worker: imported after the group exists
+# (placement.peer_watch_host imports it), it loads torch.distributed.nn.functional,
+# whose collectives' default ``group=group.WORLD`` is evaluated then and keeps the
+# default group alive through destroy_process_group; its threads then met the
+# interpreter's teardown, and now and then one that wanted the GIL was ended
+# inside a noexcept frame: "terminate called without an active exception".
 RANK = """
-import json, os, sys
+import json, os, pathlib, sys
 import torch.distributed as dist
+import vllm.utils.network_utils  # before any group: see the note above RANK
 from vllm_ppspec.runner.health.peer_links import connect_peers
 from vllm_ppspec.runner.health.placement import peer_watch_host, pp_on_one_host
 rank = int(sys.argv[1])
@@ -44,8 +52,11 @@ group = dist.new_group(backend="gloo")
 one = pp_on_one_host(group)
 host = peer_watch_host(group)
 peers = connect_peers(group, host)
-print(json.dumps({"one_host": one, "host": host, "peers": peers.addresses}), flush=True)
+del group
 dist.destroy_process_group()
+threads = [(t / "comm").read_text().strip() for t in pathlib.Path("/proc/self/task").iterdir()]
+left = sorted(n for n in threads if n.startswith(("gloo", "pt_gloo", "pt_tcpstore")))
+print(json.dumps({"one_host": one, "host": host, "peers": peers.addresses, "threads_left": left}))
 """
 
 
@@ -83,6 +94,7 @@ def test_ranks_on_two_hosts_watch_each_other_on_their_own_addresses(shm):
         ]
         r0, r1 = run_json_ranks(cmds, envs, timeout=120)
     assert (r0["one_host"], r1["one_host"]) == (False, False)
+    assert (r0["threads_left"], r1["threads_left"]) == ([], []), "gloo's threads outlive the group"
     assert (r0["host"], r1["host"]) == (ga.addr, gb.addr)  # not VLLM_HOST_IP's a.addr, b.addr
     assert list(r0["peers"]) == ["1"] and r0["peers"]["1"].startswith(f"{gb.addr}:"), r0
     assert list(r1["peers"]) == ["0"] and r1["peers"]["0"].startswith(f"{ga.addr}:"), r1
@@ -93,6 +105,7 @@ def test_ranks_on_one_host_watch_each_other_on_the_loopback():
     cmds = [[sys.executable, "-c", RANK, str(rank), init] for rank in (0, 1)]
     r0, r1 = run_json_ranks(cmds, [_env(), _env()], timeout=120)
     assert (r0["one_host"], r1["one_host"]) == (True, True)
+    assert (r0["threads_left"], r1["threads_left"]) == ([], []), "gloo's threads outlive the group"
     assert r0["host"] == r1["host"] == "127.0.0.1"
     assert (list(r0["peers"]), list(r1["peers"])) == (["1"], ["0"])
 
