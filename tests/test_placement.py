@@ -41,7 +41,7 @@ REPO = Path(__file__).resolve().parent.parent
 # interpreter's teardown, and now and then one that wanted the GIL was ended
 # inside a noexcept frame: "terminate called without an active exception".
 RANK = """
-import json, os, pathlib, sys
+import json, os, pathlib, sys, time
 import torch.distributed as dist
 import vllm.utils.network_utils  # before any group: see the note above RANK
 from vllm_ppspec.runner.health.peer_links import connect_peers
@@ -54,9 +54,19 @@ host = peer_watch_host(group)
 peers = connect_peers(group, host)
 del group
 dist.destroy_process_group()
-threads = [(t / "comm").read_text().strip() for t in pathlib.Path("/proc/self/task").iterdir()]
-left = sorted(n for n in threads if n.startswith(("gloo", "pt_gloo", "pt_tcpstore")))
-print(json.dumps({"one_host": one, "host": host, "peers": peers.addresses, "threads_left": left}))
+def left():
+    names = []
+    for t in pathlib.Path("/proc/self/task").iterdir():
+        try:
+            names.append((t / "comm").read_text().strip())
+        except OSError:  # a thread that ended while listed
+            pass
+    return sorted(n for n in names if n.startswith(("gloo", "pt_gloo", "pt_tcpstore")))
+for _ in range(100):  # the store's server thread ends shortly after the group
+    if not left():
+        break
+    time.sleep(0.05)
+print(json.dumps({"one_host": one, "host": host, "peers": peers.addresses, "threads_left": left()}))
 """
 
 
