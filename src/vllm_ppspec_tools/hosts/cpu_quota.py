@@ -6,7 +6,7 @@ over ``cpu.cfs_period_us``, 100 ms), :func:`join` moves processes into it (their
 children inherit it: a host's fork server moved in forks its ``vllm serve``
 there), and the group is emptied and removed on exit. Used by the measured
 layer split's tests and bench (tests/test_e2e_slow_host.py,
-``vllm-ppspec-bench-serve --slow-host``).
+``scripts/bench_slow_host.py``).
 
 Elsewhere: cgroup v2's ``cpu.max`` (``"50000 100000"``) does the same; without
 cgroups, a busy loop pinned to the host's core (``taskset``) halves it less
