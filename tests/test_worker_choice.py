@@ -485,10 +485,12 @@ def test_suffix_with_async_scheduling_is_vllms_refusal(models, triton, has_trito
     sync scheduling the plugin's worker serves it."""
     triton(has_triton)
     spec = _v1_only_spec(models, "suffix")
-    refused = (  # vLLM 0.32's words, then 0.33's
-        r"async scheduling is only supported with EAGLE/MTP"
-        r"|Async scheduling is not supported by the V1 model runner with suffix"
-    )
+    from vllm_ppspec.compat.guard import installed_vllm_version
+
+    refused = {
+        "0.32.0": r"async scheduling is only supported with EAGLE/MTP",
+        "0.33.0": r"Async scheduling is not supported by the V1 model runner with suffix",
+    }[installed_vllm_version()]
     with pytest.raises(ValueError, match=refused) as e:
         _config(
             models["target"],
