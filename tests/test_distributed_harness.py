@@ -15,30 +15,35 @@ from pathlib import Path
 # the rank's function), so its pp group uses the shared-memory communicator.
 import vllm._custom_ops  # noqa: F401
 
-from tests.distributed import remove_shm_segments, run_ranks
+from tests.distributed import cpu_shm_kernels, remove_shm_segments, run_ranks
 
 SHM = Path("/dev/shm")
 
 
-def _ident_and_segments(rank: int, world: int) -> tuple[str, list[str]]:
+def _ident_and_segments(rank: int, world: int) -> tuple[str, list[str], str]:
     import torch.distributed as dist
     from vllm.distributed import get_pp_group
 
     ident = os.environ["VLLM_DIST_IDENT"]
-    assert type(get_pp_group().device_communicator.dist_module).__name__ == "_CPUSHMDistributed"
+    shm = type(get_pp_group().device_communicator.dist_module).__name__
     segments = sorted(p.name for p in SHM.glob(f"{ident}-*"))
     dist.barrier()  # rank 0 holds the store: it ends after every rank has its groups
-    return ident, segments
+    return ident, segments, shm
 
 
 def test_each_call_has_its_own_shm_segments_and_removes_them():
+    shm_kernels = cpu_shm_kernels()
     first = run_ranks(_ident_and_segments, world=2, vllm_groups=True)
     second = run_ranks(_ident_and_segments, world=2, vllm_groups=True)
     for results in (first, second):
         assert [r.error for r in results] == [None, None], [r.message for r in results]
-        (ident, segments), (ident1, _) = (r.value for r in results)
+        (ident, segments, shm), (ident1, _, shm1) = (r.value for r in results)
         assert ident == ident1  # both ranks name the same segments
-        assert segments, "the pp group made no shared-memory segment"
+        if shm_kernels:
+            assert shm == shm1 == "_CPUSHMDistributed"
+            assert segments, "the pp group made no shared-memory segment"
+        else:  # vLLM's AVX2 kernels: torch.distributed, no segment
+            assert (shm, shm1, segments) == ("module", "module", [])
         assert not list(SHM.glob(f"{ident}-*")), "the call left its segments behind"
     assert first[0].value[0] != second[0].value[0]
 
