@@ -20,7 +20,8 @@ import pytest
 import torch
 
 # Loads vLLM's CPU kernels in each rank (this module is imported there to find
-# the rank's function), so the group uses the shared-memory communicator.
+# the rank's function), so the group uses the shared-memory communicator
+# where the kernels have one (cpu_shm_kernels).
 import vllm._custom_ops  # noqa: F401
 
 from tests.distributed import cpu_shm_kernels, run_ranks

@@ -12,7 +12,8 @@ import os
 from pathlib import Path
 
 # Loads vLLM's CPU kernels in each rank (this module is imported there to find
-# the rank's function), so its pp group uses the shared-memory communicator.
+# the rank's function), so its pp group uses the shared-memory communicator
+# where the kernels have one (cpu_shm_kernels).
 import vllm._custom_ops  # noqa: F401
 
 from tests.distributed import cpu_shm_kernels, remove_shm_segments, run_ranks

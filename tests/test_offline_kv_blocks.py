@@ -12,17 +12,13 @@ from vllm_ppspec_tools.fixtures.run_offline import KV_BLOCK_TOKENS, kv_blocks
 
 @pytest.mark.parametrize("seqs,length", [(8, 512), (4, 1024), (1, 100), (16, 2048)])
 def test_every_sequence_fits_at_its_longest_with_room_to_spare(seqs, length):
-    blocks = kv_blocks(job("m", max_num_seqs=seqs, max_model_len=length))
+    blocks = kv_blocks(job("m"), max_model_len=length, max_num_seqs=seqs)
     assert blocks is not None
     # k lookahead slots and a partly filled last block fit too.
     assert blocks * KV_BLOCK_TOKENS >= 2 * seqs * (length + KV_BLOCK_TOKENS)
 
 
-def test_the_defaults_of_a_job_are_run_offlines():
-    assert kv_blocks(job("m")) == kv_blocks(job("m", max_num_seqs=8, max_model_len=512))
-
-
 def test_a_jobs_own_blocks_block_size_or_connector_win():
-    assert kv_blocks(job("m", num_kv_blocks=5)) == 5  # a test that forces preemption
-    assert kv_blocks(job("m", block_size=32)) is None
-    assert kv_blocks(job("m", kv_transfer_config={"kv_connector": "x"})) is None
+    assert kv_blocks(job("m", num_kv_blocks=5), 512, 8) == 5  # a test that forces preemption
+    assert kv_blocks(job("m", block_size=32), 512, 8) is None
+    assert kv_blocks(job("m", kv_transfer_config={"kv_connector": "x"}), 512, 8) is None
