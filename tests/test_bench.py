@@ -59,10 +59,11 @@ def test_bench_runs_every_configuration_and_reports_busy_acceptance_and_transpor
             busy = summary[name][load]["busy_median"]
             working = summary[name][load]["working_median"]
             assert len(busy) == 2 and all(0 < b <= 1 for b in busy), (name, load, busy)
-            # The forward runs inside execute_model: working covers busy (up
-            # to a step counted across the phase's edges: phases are short, and
-            # one step of 24 tokens' phases is about 5% of it: seen 1.041).
-            assert all(b <= w + 0.06 and w <= 1.06 for b, w in zip(busy, working, strict=True)), (
+            # The forward runs inside execute_model: working covers busy, and
+            # both are fractions of the time between the clock reads (a step
+            # still in flight when generate returns lies inside it; 0.002: the
+            # rounding of two medians).
+            assert all(b <= w + 0.002 and w <= 1.002 for b, w in zip(busy, working, strict=True)), (
                 name,
                 load,
                 busy,

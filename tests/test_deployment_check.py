@@ -177,8 +177,12 @@ def test_the_same_decision_from_different_settings_agrees():
         0: (_config(WORKER_QUALNAME), {"VLLM_PPSPEC_AUTO": "1"}),
         1: (_config(WORKER_QUALNAME), {"VLLM_PPSPEC_AUTO": "yes"}),
     }
-    results = _run(per_rank, hold_s=0.0)
+    # Both ranks stay up 2 s after starting (rank 0 holds the store that rank
+    # 1 still reads while its check ends).
+    results = _run(per_rank, hold_s=2.0)
+    assert all(r.error is None and not r.hung for r in results), results
     assert [r.value.split(" after ")[0] for r in results] == ["started", "started"], results
+    assert not any("ended" in r.value for r in results), results
 
 
 def _decision(**kw) -> dict[str, str]:

@@ -348,7 +348,9 @@ def test_a_round_counts_as_travel_only_the_wait_after_it_was_sent():
         assert r.error is None and not r.hung, r.message
     waited, travel = results[0].value
     assert waited >= 0.45, waited  # the receiver waited for the sender ...
-    assert 0.0 <= travel < 0.1, travel  # ... but the round, once sent, came at once
+    # ... but the round, once sent, came at once: the 0.5 s before the send is
+    # not travel (a loaded machine delays the receiver's wake-up by up to ~0.1 s).
+    assert 0.0 <= travel < 0.25 and travel < waited - 0.3, (travel, waited)
 
 
 def _expected_divergence(rank: int, world: int):

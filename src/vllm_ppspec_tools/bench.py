@@ -223,10 +223,10 @@ def _per_step_ms(phase: dict[str, Any]) -> list[list[float]] | None:
     """Each stage's average step split into forward, other work, and waiting, in ms.
 
     From the runner's clocks: seconds in the forward, seconds working, steps;
-    waiting is the rest of the phase's wall time. None without the plugin's
-    runner (vLLM's own worker has no clocks).
+    waiting is the rest of the time between the clock reads. None without the
+    plugin's runner (vLLM's own worker has no clocks).
     """
-    wall = phase["generate_s"]
+    wall = phase.get("clocks_s", phase["generate_s"])
     parts = []
     for busy, working, steps in zip(
         phase["busy"], phase["working"], phase.get("steps") or [], strict=False
