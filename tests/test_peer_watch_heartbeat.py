@@ -293,7 +293,13 @@ def _watch_started(rank: int, world: int, apart: bool):
     guardian = peers.heartbeat.guardian
     started = None
     if guardian is not None:
-        argv = Path(f"/proc/{guardian.pid}/cmdline").read_bytes().split(b"\0")
+        # Popen returns once the exec closed its error pipe, which the kernel
+        # does before it sets the new image's arguments: read until they show.
+        deadline = time.monotonic() + 5
+        while not (cmdline := Path(f"/proc/{guardian.pid}/cmdline").read_bytes()):
+            assert time.monotonic() < deadline, "the guardian's arguments never showed"
+            time.sleep(0.01)
+        argv = cmdline.split(b"\0")
         started = {
             "pid": guardian.pid,
             "argv": [a.decode() for a in argv if a],
