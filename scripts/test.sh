@@ -73,10 +73,10 @@ PYTEST=(-m pytest -v -rA --durations=0)
 UNIT=(-n 2 --dist loadfile)
 budget_run unit pytest_run .venv/bin/python "${PYTEST[@]}" "${UNIT[@]}" -m "not e2e" "$@" tests ||
   status=$?
-# PPSPEC_WAIT_BEFORE_E2E: a file that gets an exit status when work started
-# beside the unit tests ends (.ci/run's second set-up stage, drift check, gate
-# and wheel); the e2e tests wait for it, so that no engine shares the cores with
-# that work (and .venv-0.33 and the real model are ready).
+# PPSPEC_WAIT_BEFORE_E2E: a file that gets an exit status when the set-up's
+# second stage, started beside the unit tests, ends (.ci/run): the e2e tests
+# wait for it, so that no engine shares the cores and the memory with the real
+# models' conversion (and .venv-0.33 and the real models are ready).
 if [ -n "$wait_before_e2e" ]; then
   while [ ! -s "$wait_before_e2e" ]; do sleep 1; done
 fi

@@ -50,6 +50,7 @@ case "$call" in
   "${{SLOW:-__none__}}"*) sleep 2 ;;
 esac
 echo "$call" >> "$CALLS"
+echo "$(nice) $call" >> "$CALLS.nice"
 case "$call" in
   "{fail}"*)
     echo "ERROR    vllm.ppspec:plugin.py:67 a logged error, not a failed test"
@@ -177,23 +178,45 @@ def test_a_failing_setup_command_fails_the_test_run_before_any_test(tmp_path, fa
     assert _codes(tmp_path) == {"setup": 7}
 
 
-def test_the_e2e_tests_start_after_the_work_beside_the_unit_tests_ends(tmp_path):
-    # .ci/run runs drift, gate and wheel beside the unit tests; scripts/test.sh
-    # waits for their status file before its first e2e run, even when the gate
+def _niceness(tmp_path: Path) -> dict[str, int]:
+    """Each recorded call -> the niceness it ran at."""
+    lines = (tmp_path / "calls.nice").read_text().splitlines()
+    return {call: int(nice) for nice, call in (line.split(" ", 1) for line in lines)}
+
+
+SETUP_LAST = ".venv/bin/python -m vllm_ppspec_tools.fixtures.real_pair"
+CHECKS = [
+    ".venv/bin/python -m vllm_ppspec_tools.drift 0.33.0 --cache .cache/wheels",
+    ".venv/bin/python -m pre_commit run --all-files",
+    "scripts/check_wheel.sh",
+]
+
+
+def test_the_e2e_tests_start_after_the_set_up_beside_the_unit_tests_ends(tmp_path):
+    # .ci/run runs the set-up's second stage beside the unit tests; scripts/test.sh
+    # waits for its status file before its first e2e run, even when the set-up
     # takes longer than the unit tests.
-    out, calls = _run(tmp_path, ".ci/run", NOTHING, slow=".venv/bin/python -m pre_commit")
+    out, calls = _run(tmp_path, ".ci/run", NOTHING, slow=SETUP_LAST)
     assert out.returncode == 0, out.stdout + out.stderr
     first_e2e = next(i for i, c in enumerate(calls) if "pytest" in c and "-m e2e" in c)
-    for beside in [
-        ".venv/bin/python -m vllm_ppspec_tools.drift 0.33.0",
-        ".venv/bin/python -m pre_commit run --all-files",
-        "scripts/check_wheel.sh",
-    ]:
-        (at,) = [i for i, c in enumerate(calls) if c.startswith(beside)]
-        assert at < first_e2e, (beside, calls)
+    assert calls.index(SETUP_LAST) < first_e2e, calls
     # The 0.34 list's one file runs in one process (xdist's workers cost more).
     unit = [c for c in calls if "pytest" in c and "not e2e" in c and "0.34.0" not in c]
     assert unit and all("-n 2" in c for c in unit), unit
+
+
+def test_the_checks_beside_the_tests_yield_to_the_set_up_and_the_tests(tmp_path):
+    # Drift, gate and wheel are on no test's path: they run at the lowest
+    # priority, the set-up's second stage above them, the tests above both; a
+    # slow check does not hold the e2e tests back, and the run still waits for it.
+    out, calls = _run(tmp_path, ".ci/run", NOTHING, slow=".venv/bin/python -m pre_commit")
+    assert out.returncode == 0, out.stdout + out.stderr
+    nice = _niceness(tmp_path)
+    assert {nice[c] for c in CHECKS} == {19}, nice
+    assert nice[SETUP_LAST] == nice["scripts/setup_overlay.sh"] == 10, nice
+    tests = [c for c in calls if "-m pytest" in c]
+    assert tests and {nice[c] for c in tests} == {0}, nice
+    assert _codes(tmp_path)["gate"] == 0, _codes(tmp_path)
 
 
 @pytest.mark.parametrize("script", [".ci/run", "scripts/test.sh"])
