@@ -7,7 +7,8 @@
 #   setup_all.sh overlay  once their wheels are downloaded, .venv-0.33 and
 #                         .venv-0.34 (scripts/setup_overlay.sh), the real model
 #                         and the real pair converted (fixtures/real_model.py,
-#                         fixtures/real_pair.py; cached)
+#                         fixtures/real_pair.py, target and drafter side by side;
+#                         cached)
 #
 # .ci/run runs "venv", then "overlay" beside the unit tests, which need neither.
 set -euo pipefail
@@ -19,10 +20,20 @@ if [ "$stage" = all ] || [ "$stage" = venv ]; then
   bash scripts/setup_suffix.sh
 fi
 if [ "$stage" = all ] || [ "$stage" = overlay ]; then
+  # The real pair's two conversions, most of this stage's work, start first,
+  # one process each: each can take a core the other work leaves idle.
+  pair=()
+  trap 'kill "${pair[@]}" 2> /dev/null || true' EXIT
+  for model in target drafter; do
+    .venv/bin/python -m vllm_ppspec_tools.fixtures.real_pair "$model" &
+    pair+=($!)
+  done
   bash scripts/downloads.sh wait vllm-0.33.0
   bash scripts/setup_overlay.sh
   bash scripts/downloads.sh wait vllm-0.34.0
   bash scripts/setup_overlay.sh 0.34.0
   .venv/bin/python -m vllm_ppspec_tools.fixtures.real_model
-  .venv/bin/python -m vllm_ppspec_tools.fixtures.real_pair
+  for pid in "${pair[@]}"; do
+    wait "$pid"
+  done
 fi
