@@ -10,7 +10,7 @@
 #
 #   test.sh --real-pair [pytest args]   only the real-pair group (marker real_pair:
 #                                       Qwen2.5-Coder-1.5B + its 0.5B drafter,
-#                                       tests/test_e2e_real_pair.py; about 5 minutes
+#                                       tests/test_e2e_real_pair.py; about 6 minutes
 #                                       once the pair is converted; the full run has it)
 set -euo pipefail
 cd "$(dirname "$0")/.."
