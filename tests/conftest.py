@@ -30,6 +30,26 @@ MODELS_DIR = Path(os.environ.get("PPSPEC_MODELS_DIR", REPO / ".cache" / "models"
 os.environ.setdefault("PPSPEC_VLLM_START", "fork")
 
 
+def release_cache_root() -> str:
+    """A VLLM_CACHE_ROOT of the tests' own for the installed vLLM release.
+
+    vLLM caches what it learns of each model class (``modelinfos/``, one file
+    per class, keyed by its module file's hash) and its compiled graphs there.
+    0.32.0 and 0.33.0 name the files alike and hash them differently, so a
+    run on one release finds the other's entries stale and inspects each
+    class again in a new interpreter (about 11 s each). One root per release
+    keeps both warm."""
+    import importlib.metadata
+    import re
+
+    release = re.match(r"\d+(\.\d+)*", importlib.metadata.version("vllm"))
+    home = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    return str(home / "vllm" / f"ppspec-tests-{release.group(0) if release else 'unknown'}")
+
+
+os.environ.setdefault("VLLM_CACHE_ROOT", release_cache_root())
+
+
 @pytest.fixture(scope="session", autouse=True)
 def shared_fork_server(tmp_path_factory):
     """The tools the tests run as subprocesses (demo, soak, bench) fork their
