@@ -6,9 +6,11 @@
 #                         (scripts/setup_suffix.sh), downloads started alongside
 #   setup_all.sh overlay  once their wheels are downloaded, .venv-0.33 and
 #                         .venv-0.34 (scripts/setup_overlay.sh), the real model
-#                         and the real pair converted (fixtures/real_model.py,
-#                         fixtures/real_pair.py, target and drafter side by side;
-#                         cached)
+#                         converted (fixtures/real_model.py; cached)
+#   setup_all.sh pair     the real pair converted (fixtures/real_pair.py, target
+#                         and drafter side by side; cached): only for the
+#                         real-pair group, which runs on request
+#                         (scripts/test.sh --real-pair)
 #
 # .ci/run runs "venv", then "overlay" beside the unit tests, which need neither.
 set -euo pipefail
@@ -20,19 +22,20 @@ if [ "$stage" = all ] || [ "$stage" = venv ]; then
   bash scripts/setup_suffix.sh
 fi
 if [ "$stage" = all ] || [ "$stage" = overlay ]; then
-  # The real pair's two conversions, most of this stage's work, start first,
-  # one process each: each can take a core the other work leaves idle.
+  bash scripts/downloads.sh wait vllm-0.33.0
+  bash scripts/setup_overlay.sh
+  bash scripts/downloads.sh wait vllm-0.34.0
+  bash scripts/setup_overlay.sh 0.34.0
+  .venv/bin/python -m vllm_ppspec_tools.fixtures.real_model
+fi
+if [ "$stage" = pair ]; then
+  # One process each (about 9 and 4 GB at their peaks), side by side.
   pair=()
   trap 'kill "${pair[@]}" 2> /dev/null || true' EXIT
   for model in target drafter; do
     .venv/bin/python -m vllm_ppspec_tools.fixtures.real_pair "$model" &
     pair+=($!)
   done
-  bash scripts/downloads.sh wait vllm-0.33.0
-  bash scripts/setup_overlay.sh
-  bash scripts/downloads.sh wait vllm-0.34.0
-  bash scripts/setup_overlay.sh 0.34.0
-  .venv/bin/python -m vllm_ppspec_tools.fixtures.real_model
   for pid in "${pair[@]}"; do
     wait "$pid"
   done
