@@ -40,14 +40,12 @@ def release_cache_root() -> str:
     class again in a new interpreter (about 11 s each). One root per release
     keeps both warm."""
     import importlib.metadata
-    import re
 
-    release = re.match(r"\d+(\.\d+)*", importlib.metadata.version("vllm"))
+    from vllm_ppspec.compat.guard import base_version
+
+    release = base_version(importlib.metadata.version("vllm"))
     home = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-    return str(home / "vllm" / f"ppspec-tests-{release.group(0) if release else 'unknown'}")
-
-
-os.environ.setdefault("VLLM_CACHE_ROOT", release_cache_root())
+    return str(home / "vllm" / f"ppspec-tests-{release}")
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -107,6 +105,9 @@ def vllm_release(import_vllm: bool = True) -> str:
         return installed
     imported = installed_vllm_version()
     return installed if imported == installed else f"{imported} != {installed}"
+
+
+os.environ.setdefault("VLLM_CACHE_ROOT", release_cache_root())
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
