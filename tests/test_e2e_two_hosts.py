@@ -1,6 +1,6 @@
 """PP across two hosts: ``vllm serve --nnodes 2``, one PP stage per host.
 
-The hosts are network + pid namespaces on this machine (``tests/two_hosts.py``):
+The hosts are network + pid namespaces on this machine (``hosts/two_hosts.py``):
 their own addresses, pids, ``/dev/shm`` and hostnames, joined by a veth pair.
 Host 0 runs ``vllm serve ... --nnodes 2 --node-rank 0`` (API server, engine
 core, PP rank 0); host 1 ``--node-rank 1 --headless`` (PP rank 1: the sampler
@@ -13,11 +13,13 @@ a frozen host is named at that address by the other.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -26,6 +28,7 @@ from tests.engine_jobs import GREEDY_REQUESTS
 from tests.references import HYBRID_REQUESTS
 from tests.test_e2e_hybrid import judge
 from tests.two_hosts import Pipeline, two_hosts
+from vllm_ppspec_tools.fixtures import forkserver
 from vllm_ppspec_tools.fixtures.server import (
     ALL_STOPS,
     STOP_BOUND_S,
@@ -61,6 +64,35 @@ def spec_counts(base: str) -> dict[str, int]:
         "accepted": int(m["vllm:spec_decode_num_accepted_tokens_total"]),
         "drafts": int(m["vllm:spec_decode_num_draft_tokens_total"]),
     }
+
+
+def _ppid(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(x for x in status.splitlines() if x.startswith("PPid:")).split()[1])
+
+
+def test_each_host_is_a_fork_of_the_tests_fork_server_in_namespaces_of_its_own(hosts, tmp_path):
+    """A host starts without a new interpreter: its process 1 is the child of a
+    job of the tests' fork server (vLLM imported). What its fork server forks
+    sees the host's own network namespace (its interfaces in ``/sys``), pid
+    namespace, hostname and ``/dev/shm``, as ``ip netns exec`` + ``unshare``
+    gave it."""
+    seen = []
+    for node in hosts.nodes:
+        assert _ppid(node.init_pid()) == node.launcher.pid
+        assert _ppid(node.launcher.pid) == forkserver._SERVER._proc.pid
+        log = tmp_path / f"probe-{node.rank}.log"
+        job = node.server.start("tests.host_probe", ["host_probe"], str(log), dict(os.environ))
+        assert job.wait(60) == 0, log.read_text()
+        seen.append(json.loads(log.read_text().splitlines()[-1]))
+    root = {k: os.readlink(f"/proc/self/ns/{k}") for k in ("net", "pid")}
+    for node, s in zip(hosts.nodes, seen, strict=True):
+        assert s["hostname"] == f"ppspec-host{node.rank}", s
+        assert {node.host.ifname, node.gloo_host.ifname} <= set(s["interfaces"]), s
+        assert s["net_ns"] != root["net"] and s["pid_ns"] != root["pid"], s
+        assert s["pid"] < 100, s  # a pid of the host's own namespace
+    assert len({s["net_ns"] for s in seen} | {s["pid_ns"] for s in seen}) == 4, seen
+    assert len({s["shm_dev"] for s in seen} | {os.stat("/dev/shm").st_dev}) == 3, seen
 
 
 def greedy_all(base: str) -> list[list[int]]:

@@ -10,5 +10,6 @@ and iproute2.
 - ``two_hosts``: two or more "hosts" (network + pid namespace, own
   ``/dev/shm`` and hostname), each running a fork server, and
   ``vllm serve --nnodes N`` across them, one PP rank per host;
-- ``node_init``: process 1 of a host's pid namespace.
+- ``node_init``: a host, forked from the caller's fork server: its
+  namespaces, its process 1 and its fork server.
 """

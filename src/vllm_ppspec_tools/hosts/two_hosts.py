@@ -9,10 +9,11 @@ namespaces and the veth pair between two, or the bridge between more;
 host to the root namespace, where the client runs; with ``gloo_link`` a
 second network joins the hosts for gloo: ``VLLM_HOST_IP`` on the first,
 ``GLOO_SOCKET_IFNAME`` naming the second, two addresses per host as on a
-machine with a data network). Its process 1 is ``node_init``,
-which runs a fork server (vLLM imported once per host) inside the host:
-every ``vllm serve`` is forked from it, so it runs in that host's
-namespaces, with that host's pids.
+machine with a data network). A host is a job of this process's fork
+server (``node_init``, :func:`start_host`): it enters the namespaces, and
+its process 1 runs the host's own fork server, a fork of one that has
+imported vLLM already: every ``vllm serve`` is forked from it, so it runs in
+that host's namespaces, with that host's pids.
 
 Pids: the fork server reports the pids of its host's namespace. Signals
 from the caller go to the matching pid of the root namespace
@@ -22,9 +23,11 @@ from the caller go to the matching pid of the root namespace
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import socket
 import subprocess
-import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -32,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vllm_ppspec_tools.fixtures import forkserver
+from vllm_ppspec_tools.fixtures import forkserver, forkserver_relay
 from vllm_ppspec_tools.fixtures.server import health, pp_spec_args, serve_args
 from vllm_ppspec_tools.fixtures.spec_configs import tiny_spec
 from vllm_ppspec_tools.hosts.delay_line import delay_link
@@ -51,19 +54,29 @@ API_PORT = 8000
 MASTER_PORT = 29511
 
 
-def host_fork_server(host: Host, hostname: str, shared_shm: bool = False) -> forkserver.ForkServer:
-    """A fork server started as process 1's child in a host's namespaces;
-    ``shared_shm``: the host keeps this machine's ``/dev/shm`` (as containers
-    with their own network and ``--ipc=host``) instead of a tmpfs of its own."""
-    own_shm = "" if shared_shm else "mount -t tmpfs -o size=4g tmpfs /dev/shm && "
-    script = (
-        f"{own_shm}hostname {hostname} && "
-        f"exec {sys.executable} -m vllm_ppspec_tools.hosts.node_init"
-    )
-    cmd = host.cmd(
-        "unshare", "--pid", "--fork", "--mount-proc", "--uts", "--mount", "sh", "-c", script
-    )  # fmt: skip
-    return forkserver.ForkServer(cmd, None, dict(os.environ), f"host {hostname}'s fork server")
+def start_host(host: Host, hostname: str, shared_shm: bool = False) -> Node:
+    """A host (``node_init``), forked from this process's fork server, and its
+    own fork server's client; ``shared_shm``: the host keeps this machine's
+    ``/dev/shm`` (as containers with their own network and ``--ipc=host``)
+    instead of a tmpfs of its own."""
+    where = Path(tempfile.mkdtemp(prefix=f"ppspec-{hostname}-"))
+    path, log = where / "fork.sock", where / "host.log"
+    argv = ["node_init", host.netns, hostname, "0" if shared_shm else "1", str(path)]
+    job = forkserver.start("vllm_ppspec_tools.hosts.node_init", argv, str(log), dict(os.environ))
+
+    def connect() -> forkserver_relay.SocketServerProc:
+        deadline = time.monotonic() + 60
+        while not path.exists():
+            if job.poll() is not None or time.monotonic() > deadline:
+                job.kill()
+                raise RuntimeError(f"host {hostname} did not start: {log.read_text()[-3000:]}")
+            time.sleep(0.01)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(str(path))
+        return forkserver_relay.SocketServerProc(sock)
+
+    server = forkserver.ForkServer(name=f"host {hostname}'s fork server", connect=connect)
+    return Node(-1, host, server, launcher=job, home=where)
 
 
 def _pid_ns(pid: int) -> str:
@@ -82,6 +95,8 @@ class Node:
     rank: int
     host: Host
     server: forkserver.ForkServer
+    launcher: Any  # the fork server's job whose child is this host's process 1
+    home: Path  # its socket and its log
     jobs: list[Any] = field(default_factory=list)
     gloo: Host | None = None  # the second network's interface (gloo_link), else None
 
@@ -92,9 +107,8 @@ class Node:
         return self.gloo or self.host
 
     def init_pid(self) -> int:
-        """Root-namespace pid of this host's process 1 (unshare's child)."""
-        assert self.server._proc is not None  # ip netns exec -> unshare, in place
-        return _children(self.server._proc.pid)[0]
+        """Root-namespace pid of this host's process 1 (node_init's child)."""
+        return _children(self.launcher.pid)[0]
 
     def pids(self) -> list[int]:
         """Root-namespace pids of every process in this host's pid namespace."""
@@ -214,15 +228,15 @@ def pp_hosts(
         _ip("link", "set", root_if, "up")
         _ip("-n", a.netns, "addr", "add", f"{client_addr}/24", "dev", host_if)
         _ip("-n", a.netns, "link", "set", host_if, "up")
-        nodes = tuple(
-            Node(rank, host, host_fork_server(host, f"ppspec-host{rank}", shared_shm), gloo=gloo)
-            for rank, (host, gloo) in enumerate(zip(hosts, glooed, strict=True))
-        )
-        for node in nodes:
+        nodes = []
+        for rank, (host, gloo) in enumerate(zip(hosts, glooed, strict=True)):
+            node = start_host(host, f"ppspec-host{rank}", shared_shm)
+            node.rank, node.gloo = rank, gloo
             stack.callback(_end_host, node)
+            nodes.append(node)
         for node in nodes:
             node.server._ensure()
-        yield Hosts(nodes, client_addr)
+        yield Hosts(tuple(nodes), client_addr)
 
 
 def _end_host(node: Node) -> None:
@@ -236,6 +250,8 @@ def _end_host(node: Node) -> None:
     while node.pids() and time.monotonic() < deadline:
         time.sleep(0.2)
     node.server.close()
+    node.launcher.kill()
+    shutil.rmtree(node.home, ignore_errors=True)
 
 
 def node_args(
