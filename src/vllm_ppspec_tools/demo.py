@@ -223,7 +223,10 @@ def main(argv: list[str] | None = None) -> int:
     common = serve_args(work.model, work.name, work.max_model_len)
 
     print(f"== reference: vllm serve {work.name}, PP=1, no speculative decoding", flush=True)
-    ref = Server("pp1-nospec", common, cpu_env(1), log_dir)
+    # The reference's processes are forked (vLLM imported already: the
+    # reference only gives the tokens to compare); the plugin's server below
+    # starts as the environment says (spawned, as a user's, by default).
+    ref = Server("pp1-nospec", common, {**cpu_env(1), "PPSPEC_VLLM_START": "fork"}, log_dir)
     try:
         print(f"ready in {ref.wait_ready():.0f}s", flush=True)
         expected = complete_all(ref.base, work)
