@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pytest
 
+from vllm_ppspec_tools.fixtures import forkserver
 from vllm_ppspec_tools.fixtures.run_offline import cpu_env
 from vllm_ppspec_tools.fixtures.server import (
     STOP_BOUND_S,
@@ -285,23 +286,26 @@ def test_an_orderly_stop_is_quiet_and_quick(models, tmp_path, sig, mode):
     print(f"{sig}-{mode}: every process gone {gone_after:.1f} s after the signal")
 
 
-def test_invalid_speculative_config_under_pp_fails_at_start_up_naming_the_field(models):
+def test_invalid_speculative_config_under_pp_fails_at_start_up_naming_the_field(models, tmp_path):
     args = _args(models, "draft_copy")
     i = args.index("--speculative-config")
     args[i + 1] = json.dumps(
         {"method": "draft_model", "model": models["draft_copy"], "num_speculative_tokens": -2}
     )
+    # vLLM's CLI, forked from the tests' fork server (vLLM imported), as
+    # Server starts it: the refusal is the same as in a new interpreter.
     vllm_cli = Path(sys.executable).parent / "vllm"
+    log = tmp_path / "refused.log"
+    env = {**os.environ, **cpu_env(2)}
     t0 = time.monotonic()
-    proc = subprocess.run(
-        [str(vllm_cli), "serve", *args, "--port", "0"],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env={**os.environ, **cpu_env(2)},
-        start_new_session=True,
+    job = forkserver.start(
+        "vllm.entrypoints.cli.main", [str(vllm_cli), "serve", *args, "--port", "0"], str(log), env
     )
-    out = proc.stdout + proc.stderr
-    assert proc.returncode != 0, out[-4000:]
+    try:
+        code = job.wait(timeout=180)
+    finally:
+        job.kill()
+    out = log.read_text()
+    assert code != 0, out[-4000:]
     assert "num_speculative_tokens" in out, out[-4000:]
     print(f"refused after {time.monotonic() - t0:.0f}s")
