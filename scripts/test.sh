@@ -74,8 +74,16 @@ PYTEST=(-m pytest -v -rA --durations=0)
 # The unit tests, two at a time (pytest-xdist; a file's tests stay on one
 # worker); the e2e tests one at a time: an engine takes both cores.
 UNIT=(-n 2 --dist loadfile)
-budget_run unit pytest_run .venv/bin/python "${PYTEST[@]}" "${UNIT[@]}" -m "not e2e" "$@" tests ||
-  status=$?
+# The unit files that take longest start first (--no-loadscope-reorder: xdist
+# hands out the files in this order; by their number of tests, its default,
+# it left the two-test files of a minute each to the end of the run).
+SLOW_FIRST=(peer_watch_link placement deployment_check cpu_ngram_threads version_guard drift
+  eagle3_aux layout plugin_register ci_steps peer_watch_heartbeat no_v1_runner startup_check)
+SLOW_FIRST=("${SLOW_FIRST[@]/#/tests/test_}")
+SLOW_FIRST=("${SLOW_FIRST[@]/%/.py}")
+mapfile -t UNIT_FILES < <(printf '%s\n' "${SLOW_FIRST[@]}" tests/test_*.py | awk '!seen[$0]++')
+budget_run unit pytest_run .venv/bin/python "${PYTEST[@]}" "${UNIT[@]}" --no-loadscope-reorder \
+  -m "not e2e" "$@" "${UNIT_FILES[@]}" || status=$?
 # PPSPEC_WAIT_BEFORE_E2E: a file that gets an exit status when the set-up's
 # second stage, started beside the unit tests, ends (.ci/run): the e2e tests
 # wait for it, so that no engine shares the cores and the memory with the real
@@ -90,7 +98,7 @@ budget_run e2e pytest_run .venv/bin/python "${PYTEST[@]}" -m "e2e and not real_p
 echo "== vLLM 0.33.0 (overlay): the cases of tests/on_vllm_0.33.txt =="
 mapfile -t cases < <(grep -v '^#' tests/on_vllm_0.33.txt)
 budget_run vllm-0.33 pytest_run .venv-0.33/bin/python "${PYTEST[@]}" "${UNIT[@]}" \
-  --expect-vllm=0.33.0 -m "not e2e" "$@" "${cases[@]}" || status=$?
+  --no-loadscope-reorder --expect-vllm=0.33.0 -m "not e2e" "$@" "${cases[@]}" || status=$?
 budget_run vllm-0.33 pytest_run .venv-0.33/bin/python "${PYTEST[@]}" --expect-vllm=0.33.0 \
   -m e2e --e2e-budget="$(budget_left)" "$@" "${cases[@]}" || status=$?
 # 0.34.0 removed the V1 runner: its cases start no engine (the hook, the refusal).

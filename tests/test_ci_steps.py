@@ -208,6 +208,21 @@ def test_the_e2e_tests_start_after_the_set_up_beside_the_unit_tests_ends(tmp_pat
     assert unit and all("-n 2" in c for c in unit), unit
 
 
+def test_the_unit_runs_hand_out_the_slowest_files_first(tmp_path):
+    """pytest-xdist hands out the files with the most tests first by default,
+    which left the two-test files of a minute each (timers, links) to the end:
+    the unit run took 346-369 s, and 203 s in this order (the 0.33 cases 118 s
+    and 68 s). Each unit run keeps the order it is given, slowest first."""
+    out, calls = _run(tmp_path, "scripts/test.sh", NOTHING)
+    assert out.returncode == 0, out.stdout + out.stderr
+    unit = [c for c in calls if "pytest" in c and "not e2e" in c and "0.34.0" not in c]
+    assert len(unit) == 2, unit
+    for call, first in zip(unit, ["peer_watch_link", "deployment_check"], strict=True):
+        assert "--no-loadscope-reorder" in call, call
+        files = [a for a in call.split() if a.startswith("tests/")]
+        assert files[0] == f"tests/test_{first}.py", files[:3]
+
+
 def test_the_full_run_leaves_the_real_pair_to_its_own_group(tmp_path):
     """Issue 47's rule: the real pair's group runs in CI only while the whole
     run stays within 40 minutes; it does not, so CI converts no pair and its
