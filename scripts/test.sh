@@ -10,10 +10,9 @@
 #
 #   test.sh --real-pair [pytest args]   only the real-pair group (marker real_pair:
 #                                       Qwen2.5-Coder-1.5B + its 0.5B drafter,
-#                                       tests/test_e2e_real_pair.py), on request: the
-#                                       full run leaves it out to stay within its 40
-#                                       minutes. About 6 minutes, and 3 more the
-#                                       first time, to convert the pair.
+#                                       tests/test_e2e_real_pair.py), alone: the full
+#                                       run has it too. About 5 minutes, and 2-3 more
+#                                       the first time, to convert the pair.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = --real-pair ]; then
@@ -87,13 +86,12 @@ budget_run unit pytest_run .venv/bin/python "${PYTEST[@]}" "${UNIT[@]}" --no-loa
 # PPSPEC_WAIT_BEFORE_E2E: a file that gets an exit status when the set-up's
 # second stage, started beside the unit tests, ends (.ci/run): the e2e tests
 # wait for it, so that no engine shares the cores and the memory with the real
-# model's conversion (and .venv-0.33 and the real model are ready). The
-# real-pair group is left out (on request: --real-pair, above).
+# models' conversion (and .venv-0.33 and the real models are ready).
 if [ -n "$wait_before_e2e" ]; then
   while [ ! -s "$wait_before_e2e" ]; do sleep 1; done
 fi
 # --e2e-budget: what is left of the whole run's budget (docs/testing.md, "The budget").
-budget_run e2e pytest_run .venv/bin/python "${PYTEST[@]}" -m "e2e and not real_pair" \
+budget_run e2e pytest_run .venv/bin/python "${PYTEST[@]}" -m e2e \
   --e2e-budget="$(budget_left)" "$@" tests || status=$?
 echo "== vLLM 0.33.0 (overlay): the cases of tests/on_vllm_0.33.txt =="
 mapfile -t cases < <(grep -v '^#' tests/on_vllm_0.33.txt)

@@ -12,11 +12,10 @@ less :data:`MARGIN` of the drafts (the drafts of a batch of another shape can
 turn on float near-ties; measured: equal, 67 of 90 in each case at 24 tokens,
 138 of 174 at 48).
 
-Five engines, about six minutes on two cores (most of it their start-ups); on
-request, ``bash scripts/test.sh --real-pair`` (the full run leaves it out, to
-stay within its 40 minutes). The draft model runs on the last stage (vLLM's
-place) and, under sync scheduling, on the first
-(``VLLM_PPSPEC_DRAFTER_STAGE=first``).
+Five engines, about five minutes on two cores (most of it their start-ups); in
+the full run, and alone with ``bash scripts/test.sh --real-pair``. The draft
+model runs on the last stage (vLLM's place) and, under sync scheduling, on the
+first (``VLLM_PPSPEC_DRAFTER_STAGE=first``).
 """
 
 from __future__ import annotations
