@@ -54,11 +54,13 @@ API_PORT = 8000
 MASTER_PORT = 29511
 
 
-def start_host(host: Host, hostname: str, shared_shm: bool = False) -> Node:
-    """A host (``node_init``), forked from this process's fork server, and its
-    own fork server's client; ``shared_shm``: the host keeps this machine's
-    ``/dev/shm`` (as containers with their own network and ``--ipc=host``)
-    instead of a tmpfs of its own."""
+def start_host(rank: int, host: Host, gloo: Host | None, shared_shm: bool = False) -> Node:
+    """Host ``rank`` (``node_init``, hostname ``ppspec-host<rank>``), forked
+    from this process's fork server, and its own fork server's client;
+    ``gloo``: its interface on the second network, if any; ``shared_shm``: the
+    host keeps this machine's ``/dev/shm`` (as containers with their own
+    network and ``--ipc=host``) instead of a tmpfs of its own."""
+    hostname = f"ppspec-host{rank}"
     where = Path(tempfile.mkdtemp(prefix=f"ppspec-{hostname}-"))
     path, log = where / "fork.sock", where / "host.log"
     argv = ["node_init", host.netns, hostname, "0" if shared_shm else "1", str(path)]
@@ -76,7 +78,7 @@ def start_host(host: Host, hostname: str, shared_shm: bool = False) -> Node:
         return forkserver_relay.SocketServerProc(sock)
 
     server = forkserver.ForkServer(name=f"host {hostname}'s fork server", connect=connect)
-    return Node(-1, host, server, launcher=job, home=where)
+    return Node(rank, host, server, launcher=job, home=where, gloo=gloo)
 
 
 def _pid_ns(pid: int) -> str:
@@ -196,7 +198,7 @@ def pp_hosts(
     to host 0. Two hosts are linked by a veth pair, or with ``delay_ms`` by the
     delay line (``delay_line``: TUN devices, that one-way delay); more by a
     bridge (``netns.bridge_hosts``). ``shared_shm``: every host sees this
-    machine's ``/dev/shm`` (:func:`host_fork_server`). ``gloo_link``: a
+    machine's ``/dev/shm`` (:func:`start_host`). ``gloo_link``: a
     second network joins the hosts (``netns.second_network``) and gloo is
     given its interface (:func:`node_env`); a link cut by ``link_down`` on the
     first then leaves gloo's up."""
@@ -230,8 +232,7 @@ def pp_hosts(
         _ip("-n", a.netns, "link", "set", host_if, "up")
         nodes = []
         for rank, (host, gloo) in enumerate(zip(hosts, glooed, strict=True)):
-            node = start_host(host, f"ppspec-host{rank}", shared_shm)
-            node.rank, node.gloo = rank, gloo
+            node = start_host(rank, host, gloo, shared_shm)
             stack.callback(_end_host, node)
             nodes.append(node)
         for node in nodes:
