@@ -250,12 +250,19 @@ def _spec(**extra):
 
 
 def _sched(spec, dp: int = 1):
+    """A plugin scheduler's stand-in on a sync PP = 2 line, its plan settled from
+    this process's environment (choice/plan.py)."""
+    from vllm_ppspec.choice import plan as plans
+
+    config = SimpleNamespace(
+        speculative_config=spec,
+        parallel_config=SimpleNamespace(data_parallel_size=dp),
+        additional_config={},
+    )
+    plan = plans.Plan(worker=True, line=True, mode=plans.Mode.SYNC, pp=2)
+    plans.keep(config, plans.with_switches(plan, config))
     return SimpleNamespace(
-        num_spec_tokens=3,
-        vllm_config=SimpleNamespace(
-            speculative_config=spec, parallel_config=SimpleNamespace(data_parallel_size=dp)
-        ),
-        scheduler_config=SimpleNamespace(max_num_seqs=8),
+        num_spec_tokens=3, vllm_config=config, scheduler_config=SimpleNamespace(max_num_seqs=8)
     )
 
 

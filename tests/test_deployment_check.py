@@ -29,6 +29,7 @@ from types import SimpleNamespace
 from tests.distributed import run_ranks
 from vllm_ppspec import WORKER_QUALNAME
 from vllm_ppspec.choice.deployment import DeploymentMismatchError, verdict
+from vllm_ppspec.choice.plan import OFF
 
 CPU_WORKER = "vllm.v1.worker.cpu_worker.CPUWorker"
 NO_PLUGIN = "no plugin"  # a rank that never runs the check (vllm-ppspec not installed)
@@ -215,4 +216,4 @@ def test_the_release_is_compared_without_its_local_label(monkeypatch):
         parallel_config=SimpleNamespace(pipeline_parallel_size=2),
         scheduler_config=SimpleNamespace(max_num_seqs=8),
     )
-    assert fingerprint(runner, "sync")["vLLM version"] == "0.32.0"
+    assert fingerprint(runner, OFF)["vLLM version"] == "0.32.0"

@@ -41,5 +41,5 @@ def test_the_external_launcher_has_its_own_mode_one_batch_and_vllms_scheduler():
     assert mode_of(False, 2, False, external_launcher=True) is Mode.OFF
     assert mode_of(True, 1, False, external_launcher=True) is Mode.OFF
     assert mode_of(True, 2, False) is Mode.SYNC
-    assert batches_in_flight(Mode.EXTERNAL, 2) == 1
+    assert batches_in_flight(Mode.EXTERNAL, 2, one=False) == 1
     assert scheduler_of(Mode.EXTERNAL) is None

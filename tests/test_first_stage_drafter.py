@@ -57,6 +57,33 @@ def test_drafts_travel_padded_and_come_back_by_request():
     assert fs.with_slots({"a": [0, 0], "b": [], "c": [0]}) == ["a", "c"]
 
 
+def test_the_drafts_never_go_through_the_tp_all_gather():
+    """vLLM's PP send slices a tensor for the TP group's all-gather where vLLM's
+    own rule (``GroupCoordinator._should_use_all_gather``, called here as it
+    is) says so; the receiver then all-gathers it over the TP group's device
+    communicator, which takes no CPU tensor on CUDA. The drafts' length never
+    lets it, whatever the TP size, the number of requests and K; at TP = 1
+    nothing is padded."""
+    from vllm.distributed.parallel_state import GroupCoordinator
+
+    def sliced(tensor: torch.Tensor, tp: int) -> bool:
+        group = SimpleNamespace(world_size=tp)
+        should = GroupCoordinator._should_use_all_gather
+        return should(None, fs.KEY, tensor.numel(), group, None)  # type: ignore[arg-type]
+
+    for tp in range(2, 9):
+        for n in range(0, 20):
+            for k in range(1, 9):
+                drafts = {str(i): [7] * k for i in range(n)}
+                wire = fs.encode(drafts, k, tp)
+                assert not sliced(wire, tp), (tp, n, k)
+                assert fs.decode(wire, list(drafts)) == drafts
+    assert fs.encode({"a": [5, 6]}, 2).tolist() == [1, 2, 5, 6]  # TP = 1: as it was
+    assert fs.encode({"a": [5, 6]}, 2, tp=2).tolist() == [1, 2, 5, 6, -1]
+    # The planted break: unpadded, TP = 2 and K = 2 always slices.
+    assert sliced(fs.encode({"a": [5, 6]}, 2), 2)
+
+
 def _batch(rows: dict[str, list[int]], computed: dict[str, int], block_size: int = 4):
     """An input batch of ``rows`` (token ids); row i's j-th block is 10 * i + 2 * j + 3."""
     width = 64
@@ -99,8 +126,15 @@ class StandInDrafter:
         return torch.tensor([[100 + i * 10 + j for j in range(k)] for i in range(len(next_ids))])
 
 
-def _runner(batch):
-    return SimpleNamespace(drafter=StandInDrafter(), input_batch=batch, device="cpu")
+def _runner(batch, limit: int = 512):
+    """``limit``: the drafter's length limit (vLLM's effective_drafter_max_model_len)."""
+    return SimpleNamespace(
+        drafter=StandInDrafter(),
+        input_batch=batch,
+        device="cpu",
+        num_spec_tokens=3,
+        effective_drafter_max_model_len=limit,
+    )
 
 
 def _step(scheduled: dict[str, int], spec: dict[str, list[int]], finished=()):
@@ -241,3 +275,40 @@ def test_one_reading_of_the_config_for_the_split_and_the_runner(monkeypatch):
     assert "async scheduling" in policy.drafter_placement_of(config(backend="external_launcher"))
     assert "data parallelism" in policy.drafter_placement_of(config(dp=2))
     assert "only a draft model" in policy.drafter_placement_of(config(method="eagle3"))
+
+
+def test_past_the_drafters_length_limit_the_batch_drafts_zeros_and_catches_up_later():
+    """vLLM at PP = 1 (``GPUModelRunner._input_fits_in_drafter``): where the
+    batch's longest sequence plus K passes the drafter's max model length, no
+    drafter pass runs and every request drafts zeros. The first stage does the
+    same, keeps the drafter's cache bound where it was, and still puts back the
+    accepted drafts; once the batch fits again it catches up from that bound."""
+    batch = _batch({"r": [1, 2, 3, 4, 5, 6, 7], "s": [9, 8, 7]}, {"r": 6, "s": 2})
+    runner = _runner(batch, limit=12)
+    catch_up = fs.DraftCatchUp(runner)
+    catch_up.valid.update(r=6, s=2)
+    spec = {"r": [0, 0, 0], "s": [0, 0, 0]}
+    # r: 6 computed + 4 scheduled = 10, + K = 13 > 12: nothing fits.
+    assert not catch_up.fits(_step({"r": 4, "s": 4}, spec))
+    assert catch_up.step(_step({"r": 4, "s": 4}, spec)) == {"r": [0, 0, 0], "s": [0, 0, 0]}
+    assert runner.drafter.calls == []
+    assert catch_up.valid == {"r": 6, "s": 2}
+    # Within the limit: the same step drafts, from the bound it kept.
+    runner.effective_drafter_max_model_len = 13
+    drafts = catch_up.step(_step({"r": 4, "s": 4}, spec))
+    assert drafts == {"r": [100, 101, 102], "s": [110, 111, 112]}
+    (call,) = runner.drafter.calls
+    assert call["positions"] == [5, 1] and call["next"] == [7, 7]
+
+
+def test_zero_drafts_accepted_past_the_limit_are_put_back():
+    batch = _batch({"r": [1, 2, 3, 4, 5, 6, 7]}, {"r": 6})
+    runner = _runner(batch, limit=12)
+    catch_up = fs.DraftCatchUp(runner)
+    spec = {"r": [0, 0, 0]}
+    assert catch_up.step(_step({"r": 4}, spec)) == {"r": [0, 0, 0]}
+    # Two zeros accepted, then 55 at position 9; vLLM wrote 55 over 7..9.
+    batch.token_ids_cpu[0, 7:10] = 55
+    batch.num_computed_tokens_cpu[0] = 9
+    catch_up.step(_step({"r": 1}, {}))
+    assert batch.token_ids_cpu[0, 7:10].tolist() == [0, 0, 55]

@@ -117,18 +117,22 @@ def test_a_half_speed_stage_gets_fewer_layers_and_memory_bounds_a_stage():
 
 
 def test_the_rule_is_read_and_a_bad_one_refused(monkeypatch):
+    from vllm_ppspec.choice.policy import split_rule
+
     monkeypatch.delenv(layer_split.RULE_ENV, raising=False)
-    assert layer_split.rule() == "weights"
+    assert split_rule() == "weights"
     monkeypatch.setenv(layer_split.RULE_ENV, " Measured ")
-    assert layer_split.rule() == "measured"
+    assert split_rule() == "measured"
     monkeypatch.setenv(layer_split.RULE_ENV, "fastest")
     with pytest.raises(
         ValueError, match="VLLM_PPSPEC_LAYER_SPLIT='fastest'.*even, weights, measured"
     ):
-        layer_split.rule()
+        split_rule()
 
 
 def test_the_start_up_check_compares_the_rule(monkeypatch):
+    from vllm_ppspec.choice.plan import Plan, with_switches
+    from vllm_ppspec.choice.policy import Mode
     from vllm_ppspec.runner.health.startup_check import fingerprint
 
     runner = SimpleNamespace(
@@ -140,14 +144,19 @@ def test_the_start_up_check_compares_the_rule(monkeypatch):
     )
     field = "layer split rule ($VLLM_PPSPEC_LAYER_SPLIT)"
     monkeypatch.setenv(layer_split.RULE_ENV, "measured")
-    measured = fingerprint(runner, "sync")[field]
+    sync = Plan(worker=True, line=True, mode=Mode.SYNC, pp=2)
+    measured = fingerprint(runner, with_switches(sync, runner))[field]
     monkeypatch.delenv(layer_split.RULE_ENV)
-    assert (measured, fingerprint(runner, "sync")[field]) == ("measured", "weights")
+    weights = fingerprint(runner, with_switches(sync, runner))[field]
+    assert (measured, weights) == ("measured", "weights")
 
 
 def _config():
-    """A stand-in VllmConfig of SmolLM2 + ngram (k = 3) at PP = 2."""
-    return SimpleNamespace(
+    """A stand-in VllmConfig of SmolLM2 + ngram (k = 3) at PP = 2, its plan
+    settled from this process's environment (``choice/plan.py``)."""
+    from vllm_ppspec.choice import plan as plans
+
+    config = SimpleNamespace(
         model_config=SimpleNamespace(
             hf_text_config=SMOLLM2,
             dtype=torch.float32,
@@ -162,6 +171,10 @@ def _config():
         ),
         cache_config=SimpleNamespace(gpu_memory_utilization=0.9),
     )
+    config.additional_config = {}
+    plan = plans.Plan(worker=True, line=True, mode=plans.Mode.SYNC, pp=2)
+    plans.keep(config, plans.with_switches(plan, config))
+    return config
 
 
 def _settle_rank(slow_group: str | None, fail: bool, rank: int, world: int):

@@ -49,9 +49,20 @@ def test_pp_spec_settles_the_plugins_plan_and_vllm_reads_it(models):
         "line": True,
         "mode": "SYNC",
         "pp": 2,
+        "one_batch": False,
+        "drafter_first": False,
+        "drafter_why": "VLLM_PPSPEC_DRAFTER_STAGE is not 'first'",
+        "split_rule": "weights",
+        "adaptive_k": False,
     }
     plan = plan_of(cfg)
-    assert plan == Plan(worker=True, line=True, mode=Mode.SYNC, pp=2)
+    assert plan == Plan(
+        worker=True,
+        line=True,
+        mode=Mode.SYNC,
+        pp=2,
+        drafter_why="VLLM_PPSPEC_DRAFTER_STAGE is not 'first'",
+    )
     assert plan.acts and plan.serves_pp and plan.checks_deployment and plan.watches_peers
     assert cfg.parallel_config.worker_cls == WORKER_QUALNAME
     assert cfg.max_concurrent_batches == plan.batches_in_flight == 2
@@ -118,3 +129,58 @@ def test_vllms_replace_keeps_the_plan_and_settles_the_new_config_alone(models):
     assert cfg.additional_config == before and plan_of(cfg) == settled
     same = replace(cfg)
     assert plan_of(same) == settled
+
+
+SWITCHES = {
+    "VLLM_PPSPEC_DRAFTER_STAGE": "first",
+    "VLLM_PPSPEC_LAYER_SPLIT": "measured",
+    "VLLM_PPSPEC_ONE_BATCH": "1",
+    "VLLM_PPSPEC_ADAPTIVE_K": "1",
+}
+
+
+def test_the_plan_carries_every_switch_and_its_readers_read_the_plan(models, monkeypatch):
+    """The switches are read once, when the config is settled: with the
+    environment emptied afterwards, the plan and every reader of it (the split's
+    estimate, the batches in flight, the measured rule, adaptive K) still say
+    what was decided."""
+    from types import SimpleNamespace
+
+    from vllm_ppspec.adaptive_k.chooser import start
+    from vllm_ppspec.choice.stage_work import drafter_on_first_stage
+    from vllm_ppspec.runner import stage_speed
+
+    for name, value in SWITCHES.items():
+        monkeypatch.setenv(name, value)
+    cfg = _config(models, pipeline_parallel_size=2, speculative_config=_spec(models))
+    for name in SWITCHES:
+        monkeypatch.delenv(name)
+    plan = plan_of(cfg)
+    assert (plan.drafter_first, plan.drafter_why, plan.split_rule) == (True, "", "measured")
+    assert plan.one_batch and plan.adaptive_k
+    assert plan.agreed() == {
+        "mode": "sync",
+        "drafter stage ($VLLM_PPSPEC_DRAFTER_STAGE)": "first",
+        "layer split rule ($VLLM_PPSPEC_LAYER_SPLIT)": "measured",
+        "$VLLM_PPSPEC_ONE_BATCH": "1",
+        "$VLLM_PPSPEC_ADAPTIVE_K": "1",
+    }
+    assert drafter_on_first_stage(cfg)
+    assert cfg.max_concurrent_batches == plan.batches_in_flight == 1
+    assert stage_speed.applies(cfg)
+    sched = SimpleNamespace(
+        vllm_config=cfg, num_spec_tokens=3, scheduler_config=cfg.scheduler_config
+    )
+    assert start(sched) is not None  # adaptive K on, from the plan alone
+
+
+def test_a_bad_switch_is_refused_where_the_plugin_serves_and_unread_elsewhere(models, monkeypatch):
+    monkeypatch.setenv("VLLM_PPSPEC_DRAFTER_STAGE", "middle")
+    monkeypatch.setenv("VLLM_PPSPEC_LAYER_SPLIT", "fastest")
+    # A line the plugin leaves to vLLM (PP = 2 without spec) does not read them.
+    assert plan_of(_config(models, pipeline_parallel_size=2)).mode is Mode.OFF
+    with pytest.raises(ValueError, match="VLLM_PPSPEC_DRAFTER_STAGE='middle'"):
+        _config(models, pipeline_parallel_size=2, speculative_config=_spec(models))
+    monkeypatch.setenv("VLLM_PPSPEC_DRAFTER_STAGE", "last")
+    with pytest.raises(ValueError, match="VLLM_PPSPEC_LAYER_SPLIT='fastest'"):
+        _config(models, pipeline_parallel_size=2, speculative_config=_spec(models))

@@ -8,6 +8,7 @@ just the state the tested methods read; the PP group is vLLM's own
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -293,7 +294,7 @@ def _set_up_runner(monkeypatch, spec: bool):
     runner.use_async_scheduling = False
     runner.model_config = SimpleNamespace(is_hybrid=True)
     runner.broadcast_pp_output = False
-    runner.parallel_config = SimpleNamespace(nnodes=1, data_parallel_size=1)
+    runner.parallel_config = SimpleNamespace(nnodes=1, data_parallel_size=1, tensor_parallel_size=1)
     runner.num_spec_tokens = K if spec else 0
     runner.scheduler_config = SimpleNamespace(max_num_seqs=8)
     runner.parallel_config.pipeline_parallel_size = 2
@@ -415,3 +416,33 @@ def test_which_drafters_get_the_relayed_aux_states():
     for method in ("eagle", "draft_model", "mtp", "extract_hidden_states"):
         assert not uses_aux_states(spec(method))
     assert not uses_aux_states(None)
+
+
+def _vllm_appends(req: Any, computed: int, new_token_ids: list[int]) -> list[int]:
+    """What vLLM's ``_update_states`` does next on a non-last rank under sync
+    scheduling with PP (vllm/v1/worker/gpu_model_runner.py): append the last
+    ``computed + len(new) - num_tokens`` of the scheduler's new token ids; the
+    request's tokens as it re-adds them to the persistent batch."""
+    num_tokens = req.num_prompt_tokens + len(req.output_token_ids)
+    appended = computed + len(new_token_ids) - num_tokens
+    if appended > 0:
+        req.output_token_ids.extend(new_token_ids[-appended:])
+    return req.output_token_ids
+
+
+def test_a_preempted_request_whose_cached_prefix_ends_inside_its_prompt_rejoins_whole():
+    """One batch in flight, a preemption: the request comes back with only a
+    cached prefix (4 of its 8 prompt tokens) computed, and recomputes the rest
+    of its prompt and its outputs. Its tokens past the prompt are the
+    scheduler's, not the rank's short list (which lacks the accepted drafts)."""
+    runner, steps = _sync_runner(), _sync_steps(is_last=False, skip=False)
+    runner.requests["a"].output_token_ids = [100, 104]  # the short list
+    all_tokens = list(range(8)) + [100, 101, 102, 103, 104, 105]
+    scheduled = 10  # positions 4..13: the prompt's rest and the outputs
+    steps.before_update(
+        runner,
+        _sched("a", [4], {"a": scheduled}, {}, resumed="a", all_tokens={"a": all_tokens}),
+    )
+    new = all_tokens[4 : 4 + scheduled]  # what the scheduler sends a non-last rank
+    got = _vllm_appends(runner.requests["a"], 4, new)
+    assert got == [100, 101, 102, 103, 104, 105], got

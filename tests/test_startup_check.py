@@ -17,6 +17,7 @@ import pytest
 
 from tests.distributed import run_ranks
 from vllm_ppspec.protocol import PROTOCOL
+from vllm_ppspec.protocol.agreement import host_label
 from vllm_ppspec.runner.health.startup_check import (
     AGREED_SWITCHES,
     COMPARED_AS_FIELDS,
@@ -113,6 +114,22 @@ def _runner(
     )
 
 
+def _plan(mode: str = "sync", runner: Any = None) -> Any:
+    """The plan of a line the plugin serves in ``mode`` (a ``Mode`` value), its
+    switches read from this process's environment as ``choice.plan.decide`` reads them."""
+    from vllm_ppspec.choice.plan import Plan, with_switches
+    from vllm_ppspec.choice.policy import Mode
+
+    runner = runner or _runner()
+    config = SimpleNamespace(
+        speculative_config=runner.speculative_config,
+        scheduler_config=SimpleNamespace(async_scheduling=mode == Mode.LANES.value),
+        parallel_config=SimpleNamespace(data_parallel_size=1),
+    )
+    plan = Plan(worker=True, line=True, mode=Mode(mode), pp=2)
+    return with_switches(plan, config)
+
+
 def test_the_fingerprint_holds_exactly_what_must_agree(monkeypatch):
     import vllm
 
@@ -128,10 +145,10 @@ def test_the_fingerprint_holds_exactly_what_must_agree(monkeypatch):
     monkeypatch.setenv("VLLM_PPSPEC_STARTUP_TIMEOUT", "5")  # host-local: not in it
     monkeypatch.setenv("VLLM_PPSPEC_DP_AGREE_TIMEOUT", "9")  # host-local: not in it
     assert protocol.PROTOCOL >= 2  # 1 was the all-reduce round, before the one-way one
-    assert fingerprint(_runner(), "async lanes") == {
+    assert fingerprint(_runner(), _plan("async with lanes")) == {
         "protocol": str(protocol.PROTOCOL),
         "vLLM version": vllm.__version__,
-        "mode": "async lanes",
+        "mode": "async with lanes",
         "pipeline_parallel_size": "2",
         "speculative method": "draft_model",
         "num_speculative_tokens": "3",
@@ -140,8 +157,10 @@ def test_the_fingerprint_holds_exactly_what_must_agree(monkeypatch):
         "max_num_seqs": "16",
         "target layer split ($VLLM_PP_LAYER_PARTITION)": "vLLM's even split",
         "layer split rule ($VLLM_PPSPEC_LAYER_SPLIT)": "weights",  # unset: the default
+        "drafter stage ($VLLM_PPSPEC_DRAFTER_STAGE)": "last",  # unset: the default
         "$VLLM_PPSPEC_ONE_BATCH": "0",  # unset: its default
         "$VLLM_PPSPEC_ADAPTIVE_K": "0",
+        "host": host_label(),  # for the messages: never compared
     }
 
 
@@ -161,7 +180,7 @@ def test_every_vllm_ppspec_variable_in_the_source_is_classified_once():
 MUST_AGREE = {
     "protocol": {"protocol": 1},
     "vLLM version": {"vllm": "0.32.9"},
-    "mode": {"mode": "sync"},  # also: the draft model on another stage (runner/mixin.py)
+    "mode": {"mode": "async with lanes"},
     "pipeline_parallel_size": {"runner": {"pp": 3}},
     "speculative method": {"runner": {"method": "eagle"}},
     "num_speculative_tokens": {"runner": {"k": 4}},
@@ -170,6 +189,8 @@ MUST_AGREE = {
     "max_num_seqs": {"runner": {"max_num_seqs": 8}},
     # One host set the split (or the plugin chose another): the layers would not line up.
     "target layer split ($VLLM_PP_LAYER_PARTITION)": {"env": {"VLLM_PP_LAYER_PARTITION": "3,1"}},
+    # One host runs the draft model on the first stage, the others on the last.
+    "drafter stage ($VLLM_PPSPEC_DRAFTER_STAGE)": {"env": {"VLLM_PPSPEC_DRAFTER_STAGE": "first"}},
     # One host measures the split, the other takes the weights rule's.
     "layer split rule ($VLLM_PPSPEC_LAYER_SPLIT)": {"env": {"VLLM_PPSPEC_LAYER_SPLIT": "measured"}},
     "$VLLM_PPSPEC_ONE_BATCH": {"env": {"VLLM_PPSPEC_ONE_BATCH": "1"}},
@@ -181,8 +202,6 @@ HOST_LOCAL = {
     "VLLM_PPSPEC_DP_AGREE_TIMEOUT": "7",
     "VLLM_PPSPEC_PEER_KEEPALIVE_S": "20",
     "VLLM_PPSPEC_AUTO": "0",
-    # Read on every rank; where it moves the drafter, the mode field says so.
-    "VLLM_PPSPEC_DRAFTER_STAGE": "first",
     "VLLM_PPSPEC_CPU_COMPILED_CORRECTION": "1",
     "VLLM_PPSPEC_FAULT": "raise@3",
     "VLLM_PPSPEC_FAULT_SKIP_ACCEPTED_COUNTS": "1",
@@ -196,6 +215,14 @@ AGREEING = {
     **{f"{name}={d}": {"env": {name: d}} for name, d in AGREED_SWITCHES.items()},
     # A value the plugin reads as the default (it acts only on the other one).
     "VLLM_PPSPEC_ONE_BATCH=yes": {"env": {"VLLM_PPSPEC_ONE_BATCH": "yes"}},
+    # Asked for on one host where it cannot run (eagle3): every rank decides "last".
+    "$VLLM_PPSPEC_DRAFTER_STAGE where it cannot move": {
+        "env": {"VLLM_PPSPEC_DRAFTER_STAGE": "first"},
+        "runner": {"method": "eagle3"},
+        "all": True,
+    },
+    # The rule set to its default on one host.
+    "VLLM_PPSPEC_LAYER_SPLIT=weights": {"env": {"VLLM_PPSPEC_LAYER_SPLIT": "weights"}},
     # Another build of the plugin that speaks the same protocol.
     "vllm-ppspec version": {"plugin": "0.2.0"},
 }
@@ -222,7 +249,8 @@ def _fingerprint_as(change: dict[str, Any]) -> dict[str, str]:
     vllm.__version__ = change.get("vllm", vllm.__version__)
     vllm_ppspec.__version__ = change.get("plugin", vllm_ppspec.__version__)
     try:
-        return fingerprint(_runner(**change.get("runner", {})), change.get("mode", "async lanes"))
+        runner = _runner(**change.get("runner", {}))
+        return fingerprint(runner, _plan(change.get("mode", "sync"), runner))
     finally:
         protocol.PROTOCOL, vllm.__version__, vllm_ppspec.__version__ = saved
 
@@ -234,7 +262,11 @@ def _cases_rank(cases: dict[str, dict[str, Any]], rank: int, world: int) -> dict
     outcomes = {}
     for case, change in cases.items():
         try:
-            agree(dist.group.WORLD, _fingerprint_as(change if rank == 1 else {}), timeout=20.0)
+            # Rank 1 changed; "all": the runner's change on every rank, the env on rank 1.
+            mine = change if rank == 1 else {}
+            if change.get("all") and rank != 1:
+                mine = {"runner": change["runner"]}
+            agree(dist.group.WORLD, _fingerprint_as(mine), timeout=20.0)
             outcomes[case] = "agreed"
         except StartupMismatchError as e:
             outcomes[case] = f"refused: {e}"
@@ -256,7 +288,7 @@ def _named(msg: str) -> list[str]:
 
 
 def test_the_cases_cover_every_field_and_host_local_setting():
-    assert set(MUST_AGREE) == set(fingerprint(_runner(), "sync"))
+    assert set(MUST_AGREE) | {"host"} == set(fingerprint(_runner(), _plan()))
     assert set(HOST_LOCAL) == set(HOST_LOCAL_SWITCHES)
 
 
@@ -267,6 +299,9 @@ def test_a_field_that_must_agree_is_refused_naming_it_on_every_rank(outcomes, fi
         assert msg.startswith("refused"), (rank, msg)
         assert _named(msg) == [field], (rank, msg)
         assert f"{field} (rank 0: " in msg and ", rank 2: " in msg, (rank, msg)
+        # Where each rank runs: its host, never compared (all three on this one).
+        host = host_label()
+        assert msg.endswith(f"Hosts: rank 0: {host}, rank 1: {host}, rank 2: {host}"), msg
 
 
 @pytest.mark.parametrize("case", sorted(AGREEING))

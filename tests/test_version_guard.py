@@ -146,6 +146,7 @@ def test_every_copy_of_upstream_logic_is_pinned_and_names_its_upstream_function(
     for copy in (
         "patches.config.async_hold:v1_async_refusal_besides_pp",
         "runner.steps.sync:restore_output_tokens",
+        "runner.drafter.first_stage:DraftCatchUp.fits",
     ):
         assert copy in pinned, copy
     for module, qualname, _, where in version_data.MIRRORED_FUNCTIONS:

@@ -2,7 +2,8 @@
 
 The room holds all of it:
 
-* here, the switch (:func:`enabled`) and the config's side: vLLM must know
+* here, the config's side (the switch is read with the plan's others,
+  ``choice/policy.py``): vLLM must know
   beforehand that K will change at run time, so a static-K schedule stands in
   for the measured one before ``VllmConfig.__post_init__`` (:func:`stand_in`,
   called by the config patch);
@@ -13,18 +14,14 @@ The room holds all of it:
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-ENV = "VLLM_PPSPEC_ADAPTIVE_K"
+from vllm_ppspec.choice import policy
+
+ENV = policy.ADAPTIVE_K_ENV
 
 # On the speculative config: the schedule there is this module's stand-in.
 STAND_IN_FLAG = "_vllm_ppspec_adaptive_k"
-
-
-def enabled() -> bool:
-    """``VLLM_PPSPEC_ADAPTIVE_K=1``."""
-    return os.environ.get(ENV) == "1"
 
 
 def stand_in(vllm_config: Any, plugin_acts: bool) -> bool:
@@ -37,7 +34,7 @@ def stand_in(vllm_config: Any, plugin_acts: bool) -> bool:
     replaces the schedule once measured. A user's schedule is left alone.
     Whether it stood one in (the caller then sets :data:`STAND_IN_FLAG`)."""
     spec = vllm_config.speculative_config
-    if not enabled() or not plugin_acts or spec is None:
+    if not policy.adaptive_k() or not plugin_acts or spec is None:
         return False
     if spec.num_speculative_tokens_per_batch_size or not spec.num_speculative_tokens:
         return False

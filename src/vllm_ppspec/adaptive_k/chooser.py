@@ -40,7 +40,7 @@ from typing import Any
 
 from vllm.logger import init_logger
 
-from vllm_ppspec.adaptive_k import ENV, STAND_IN_FLAG, enabled, k_model
+from vllm_ppspec.adaptive_k import ENV, STAND_IN_FLAG, k_model
 
 logger = init_logger("vllm.ppspec")
 
@@ -53,7 +53,9 @@ REFIT = 0.25  # choose again after this share of the window is new
 
 def start(sched: Any) -> AdaptiveK | None:
     """The adaptive K of a plugin scheduler, or None where it stays off (logged)."""
-    if not enabled():
+    from vllm_ppspec.choice.plan import plan_of
+
+    if not plan_of(sched.vllm_config).adaptive_k:
         return None
     spec = sched.vllm_config.speculative_config
     k = int(getattr(sched, "num_spec_tokens", 0) or 0)

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import sys
 from typing import Any
 
@@ -42,7 +41,7 @@ from vllm_ppspec.choice.plan import Plan
 from vllm_ppspec.choice.worker import AUTO_ENV, platform_name
 from vllm_ppspec.compat.guard import installed_vllm_version
 from vllm_ppspec.protocol import decision_board
-from vllm_ppspec.protocol.agreement import TIMEOUT_ENV, timeout_s
+from vllm_ppspec.protocol.agreement import TIMEOUT_ENV, host_label, timeout_s
 
 DECISION_FIELDS = ("worker", "runner", "mode", "vLLM release")
 # Posted for the messages, never compared.
@@ -59,9 +58,7 @@ def decision_of(vllm_config: Any, mode: str) -> dict[str, str]:
     """This rank's decision (:data:`DECISION_FIELDS`), the settings behind it
     and where it runs (:data:`WHERE_FIELDS`)."""
     spec = vllm_config.speculative_config
-    host = socket.gethostname()
-    if os.environ.get("VLLM_HOST_IP"):
-        host += f" ({os.environ['VLLM_HOST_IP']})"
+    host = host_label()
     return {
         "worker": str(vllm_config.parallel_config.worker_cls),
         "runner": "Model Runner V2" if vllm_config.use_v2_model_runner else "V1",

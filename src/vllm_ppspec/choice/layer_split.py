@@ -31,16 +31,15 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from vllm_ppspec.choice.policy import SPLIT_ENV, SPLIT_RULE_ENV
 from vllm_ppspec.choice.stage_work import Stages, drafter_on_first_stage, estimate
 
 # Under vLLM's "vllm" logger, whose handler prints INFO lines in every process
 # (a logger outside it prints only warnings: the chosen split would go unseen).
 logger = logging.getLogger("vllm.ppspec")
 
-ENV = "VLLM_PP_LAYER_PARTITION"
-RULE_ENV = "VLLM_PPSPEC_LAYER_SPLIT"
-RULES = ("even", "weights", "measured")
-DEFAULT_RULE = "weights"
+ENV = SPLIT_ENV
+RULE_ENV = SPLIT_RULE_ENV
 # Measured speeds closer than this count as equal (the measurement's noise
 # between start-ups, docs/measurements.md): the weights rule's split stands.
 SAME_SPEED = 0.10
@@ -49,17 +48,6 @@ SAME_SPEED = 0.10
 # external launcher, a second vllm.LLM) recomputes it instead of taking it for
 # the user's.
 _set_here: str | None = None
-
-
-def rule() -> str:
-    """``VLLM_PPSPEC_LAYER_SPLIT`` as the plugin reads it (ValueError naming the values)."""
-    value = os.environ.get(RULE_ENV, DEFAULT_RULE).strip().lower() or DEFAULT_RULE
-    if value not in RULES:
-        raise ValueError(
-            f"vllm-ppspec: {RULE_ENV}={value!r} is not a rule it knows: use one of "
-            f"{', '.join(RULES)} (or set {ENV} to choose the split yourself)"
-        )
-    return value
 
 
 @dataclass(frozen=True)
@@ -234,13 +222,14 @@ def apply(vllm_config: Any) -> str | None:
     not such a line, or the measured rule's, to come)."""
     from vllm_ppspec.choice.plan import plan_of
 
-    if not plan_of(vllm_config).serves_pp:
+    plan = plan_of(vllm_config)
+    if not plan.serves_pp:
         return None
     current = user_split()
     if current is not None:
         logger.info("vllm-ppspec: target layers split %s (%s, as set)", current, ENV)
         return current
-    how = rule()
+    how = plan.split_rule
     set_split(None)
     chosen = split_for(vllm_config) if how == "weights" else None
     if how == "measured":

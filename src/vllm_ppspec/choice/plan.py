@@ -2,10 +2,17 @@
 
 A :class:`Plan` says who serves (:attr:`Plan.worker`, :attr:`Plan.line`,
 :attr:`Plan.acts`), the mode (:mod:`.policy`), the batches in flight, the
-scheduler, whether the ranks compare their decisions at start-up
+scheduler, where the drafter runs (:attr:`Plan.drafter_first`, with the
+reason it stays on the last stage), the layer split's rule, adaptive K,
+whether the ranks compare their decisions at start-up
 (:attr:`Plan.checks_deployment`) and whether the PP ranks watch each other
-(:attr:`Plan.watches_peers`). The config patch settles it at the end of
-``VllmConfig.__post_init__`` (:func:`settle`); every reader calls :func:`plan_of`.
+(:attr:`Plan.watches_peers`). The plugin's switches (``VLLM_PPSPEC_*``) are
+read here, once, where the plugin serves PP (elsewhere they are not read: a
+line the plugin leaves alone takes no error from them); every host decides
+from its own environment and the runners compare :meth:`Plan.agreed` across
+the PP ranks at start-up (``runner/health/startup_check.py``). The config patch
+settles it at the end of ``VllmConfig.__post_init__`` (:func:`settle`); every
+reader calls :func:`plan_of`.
 On a line the plugin serves the plan is written into the config's
 ``additional_config`` (vLLM's slot for platform and plugin settings: a field,
 so it travels with the config to the workers and through vLLM's
@@ -26,6 +33,7 @@ Inside ``__post_init__``, before vLLM settles async scheduling, the patch reads
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +52,12 @@ class Plan:
     line: bool  # speculative decoding the plugin serves (worker.plugin_line), whoever's worker
     mode: Mode
     pp: int
+    # Where the plugin serves PP (mode not OFF); the defaults elsewhere.
+    one_batch: bool = False  # sync: one batch in flight instead of PP
+    drafter_first: bool = False  # the draft model runs on the first stage
+    drafter_why: str = ""  # why it stays on the last stage ("" where it runs first)
+    split_rule: str = "weights"  # the layer split's rule (choice/layer_split.py)
+    adaptive_k: bool = False  # the plugin's schedulers choose K (adaptive_k/)
 
     @property
     def acts(self) -> bool:
@@ -59,7 +73,9 @@ class Plan:
     @property
     def batches_in_flight(self) -> int | None:
         """The engine's batches in flight, or None for vLLM's own."""
-        return policy.batches_in_flight(self.mode, self.pp) if self.serves_pp else None
+        if not self.serves_pp:
+            return None
+        return policy.batches_in_flight(self.mode, self.pp, self.one_batch)
 
     @property
     def scheduler(self) -> str | None:
@@ -77,6 +93,19 @@ class Plan:
     def watches_peers(self) -> bool:
         """The PP ranks watch each other (``runner/health/peer_watch.py``)."""
         return self.serves_pp
+
+    def agreed(self) -> dict[str, str]:
+        """The decisions every PP rank must share, by the setting that leads to each
+        (the start-up check's fields: ``runner/health/startup_check.py``)."""
+        return {
+            "mode": self.mode.value,
+            f"drafter stage (${policy.DRAFTER_STAGE_ENV})": (
+                "first" if self.drafter_first else "last"
+            ),
+            f"layer split rule (${policy.SPLIT_RULE_ENV})": self.split_rule,
+            f"${policy.ONE_BATCH_ENV}": "1" if self.one_batch else "0",
+            f"${policy.ADAPTIVE_K_ENV}": "1" if self.adaptive_k else "0",
+        }
 
 
 # A runner before its set-up, or a config the plugin does not serve.
@@ -97,22 +126,44 @@ def decide(vllm_config: Any) -> Plan:
         bool(getattr(scheduler, "async_scheduling", False)),
         getattr(parallel, "distributed_executor_backend", None) == "external_launcher",
     )
-    return Plan(worker=worker, line=line, mode=mode, pp=pp)
+    return with_switches(Plan(worker=worker, line=line, mode=mode, pp=pp), vllm_config)
+
+
+def with_switches(plan: Plan, vllm_config: Any) -> Plan:
+    """``plan`` with the plugin's switches read from this process's environment,
+    where it serves PP; elsewhere ``plan`` as it is. A bad value raises
+    ValueError naming the variable."""
+    if not plan.serves_pp:
+        return plan
+    why = policy.drafter_placement_of(vllm_config)
+    return dataclasses.replace(
+        plan,
+        one_batch=policy.one_batch(),
+        drafter_first=why is None,
+        drafter_why=why or "",
+        split_rule=policy.split_rule(),
+        adaptive_k=policy.adaptive_k(),
+    )
 
 
 def settle(vllm_config: Any) -> Plan:
-    """Decide the plan and keep it on the config (end of ``__post_init__``).
-
-    A new ``additional_config`` dict: a config made by ``replace`` from another
-    shares the other's dict and is settled again on its own."""
+    """Decide the plan and keep it on the config (end of ``__post_init__``)."""
     plan = decide(vllm_config)
+    keep(vllm_config, plan)
+    return plan
+
+
+def keep(vllm_config: Any, plan: Plan) -> None:
+    """Write ``plan`` into the config's ``additional_config`` (on a line the
+    plugin serves; elsewhere a plan there is taken out). A new dict: a config
+    made by ``replace`` from another shares the other's dict and is settled
+    again on its own."""
     extra = getattr(vllm_config, "additional_config", None)
     if isinstance(extra, dict) and (plan.line or PLAN_KEY in extra):
         extra = {k: v for k, v in extra.items() if k != PLAN_KEY}
         if plan.line:
             extra[PLAN_KEY] = _values(plan)
         object.__setattr__(vllm_config, "additional_config", extra)
-    return plan
 
 
 def plan_of(vllm_config: Any) -> Plan:
@@ -121,17 +172,21 @@ def plan_of(vllm_config: Any) -> Plan:
     values = extra.get(PLAN_KEY) if isinstance(extra, dict) else None
     if not isinstance(values, dict):
         return decide(vllm_config)
-    return _plan(values["worker"], values["line"], values["mode"], values["pp"])
+    return _plan(tuple(sorted(values.items())))
 
 
 def _values(plan: Plan) -> dict[str, Any]:
     # Plain values: vLLM hashes additional_config as JSON (VllmConfig.compute_hash).
-    return {"worker": plan.worker, "line": plan.line, "mode": plan.mode.name, "pp": plan.pp}
+    values = dataclasses.asdict(plan)
+    values["mode"] = plan.mode.name
+    return values
 
 
 @functools.lru_cache(maxsize=64)
-def _plan(worker: bool, line: bool, mode: str, pp: int) -> Plan:
-    return Plan(worker=worker, line=line, mode=Mode[mode], pp=pp)
+def _plan(items: tuple[tuple[str, Any], ...]) -> Plan:
+    values = dict(items)
+    values["mode"] = Mode[values["mode"]]
+    return Plan(**values)
 
 
 def headless_node(parallel_config: Any) -> bool:

@@ -30,6 +30,16 @@ ONE_BATCH_ENV = "VLLM_PPSPEC_ONE_BATCH"
 # "first" (runner/drafter/first_stage.py).
 DRAFTER_STAGE_ENV = "VLLM_PPSPEC_DRAFTER_STAGE"
 
+# Adaptive K (adaptive_k/): the plugin's schedulers choose K by batch size.
+ADAPTIVE_K_ENV = "VLLM_PPSPEC_ADAPTIVE_K"
+
+# The layer split's rule (choice/layer_split.py).
+SPLIT_RULE_ENV = "VLLM_PPSPEC_LAYER_SPLIT"
+SPLIT_RULES = ("even", "weights", "measured")
+DEFAULT_SPLIT_RULE = "weights"
+# The split itself, as the user sets it (vLLM's own knob): wins over every rule.
+SPLIT_ENV = "VLLM_PP_LAYER_PARTITION"
+
 SCHEDULER_QUALNAME = "vllm_ppspec.sched.filled.PPSpecScheduler"
 LANE_SCHEDULER_QUALNAME = "vllm_ppspec.sched.lanes.PPSpecLaneScheduler"
 
@@ -57,13 +67,31 @@ def one_batch() -> bool:
     return os.environ.get(ONE_BATCH_ENV) == "1"
 
 
-def batches_in_flight(mode: Mode, pp_size: int) -> int:
-    """Batches the engine keeps in flight in ``mode`` (not OFF)."""
+def batches_in_flight(mode: Mode, pp_size: int, one: bool) -> int:
+    """Batches the engine keeps in flight in ``mode`` (not OFF); ``one``:
+    :func:`one_batch` as the plan read it."""
     if mode is Mode.LANES:
         return pp_size + 1
     if mode is Mode.EXTERNAL:
         return 1
-    return 1 if one_batch() else pp_size
+    return 1 if one else pp_size
+
+
+def adaptive_k() -> bool:
+    """``VLLM_PPSPEC_ADAPTIVE_K=1``."""
+    return os.environ.get(ADAPTIVE_K_ENV) == "1"
+
+
+def split_rule() -> str:
+    """``VLLM_PPSPEC_LAYER_SPLIT`` as the plugin reads it (ValueError naming the values)."""
+    value = os.environ.get(SPLIT_RULE_ENV, DEFAULT_SPLIT_RULE).strip().lower()
+    value = value or DEFAULT_SPLIT_RULE
+    if value not in SPLIT_RULES:
+        raise ValueError(
+            f"vllm-ppspec: {SPLIT_RULE_ENV}={value!r} is not a rule it knows: use one of "
+            f"{', '.join(SPLIT_RULES)} (or set {SPLIT_ENV} to choose the split yourself)"
+        )
+    return value
 
 
 def scheduler_of(mode: Mode) -> str | None:
@@ -77,6 +105,10 @@ def scheduler_serves(cls: object, mode: Mode) -> bool:
     return isinstance(cls, type) and getattr(cls, "ppspec_mode", None) is mode
 
 
+# Why the drafter stays on the last stage where the user did not ask for the first.
+STAGE_NOT_ASKED = f"{DRAFTER_STAGE_ENV} is not 'first'"
+
+
 def drafter_placement(
     spec_method: str, parallel_drafting: bool, sync: bool, dp_size: int
 ) -> str | None:
@@ -87,7 +119,7 @@ def drafter_placement(
     if wanted not in ("first", "last"):
         raise ValueError(f"{DRAFTER_STAGE_ENV}={wanted!r}: expected 'first' or 'last'")
     if wanted == "last":
-        return f"{DRAFTER_STAGE_ENV} is not 'first'"
+        return STAGE_NOT_ASKED
     if spec_method != "draft_model" or parallel_drafting:
         return "only a draft model drafting one token a pass runs on the first stage"
     if not sync:

@@ -135,8 +135,8 @@ def estimate(vllm_config: Any) -> Stages | None:
 
 
 def drafter_on_first_stage(vllm_config: Any) -> bool:
-    """The draft model runs on the first stage (``policy.drafter_placement_of``, as the
-    runner decides: runner/drafter/first_stage.py)."""
-    from vllm_ppspec.choice import policy
+    """The draft model runs on the first stage: the plan's decision, which the
+    runner follows (runner/drafter/first_stage.py)."""
+    from vllm_ppspec.choice.plan import plan_of
 
-    return policy.drafter_placement_of(vllm_config) is None
+    return plan_of(vllm_config).drafter_first

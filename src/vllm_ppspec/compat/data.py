@@ -139,6 +139,12 @@ MIRRORED_FUNCTIONS: tuple[tuple[str, str, dict[str, str], str], ...] = (
     ),
     (
         "vllm.v1.worker.gpu_model_runner",
+        "GPUModelRunner._input_fits_in_drafter",
+        {"0.32.0": "24d6a45dca3c60dc", "0.33.0": "24d6a45dca3c60dc"},
+        "runner.drafter.first_stage:DraftCatchUp.fits",
+    ),
+    (
+        "vllm.v1.worker.gpu_model_runner",
         "GPUModelRunner._update_states",
         {"0.32.0": "326599f31b273b94", "0.33.0": "326599f31b273b94"},
         "runner.steps.sync:restore_output_tokens",

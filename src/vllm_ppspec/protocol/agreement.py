@@ -26,6 +26,15 @@ class RankMissingError(RuntimeError):
     message names it)."""
 
 
+def host_label() -> str:
+    """This rank's host as the start-up checks' messages name it: its hostname,
+    and ``VLLM_HOST_IP`` where set."""
+    import socket
+
+    ip = os.environ.get("VLLM_HOST_IP")
+    return socket.gethostname() + (f" ({ip})" if ip else "")
+
+
 def timeout_s() -> float:
     return float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S))
 
@@ -45,9 +54,10 @@ def gather(group: Any, mine: dict[str, str], timeout: float) -> list[dict[str, s
     return prints
 
 
-def differences(prints: list[dict[str, str]]) -> list[str]:
-    """One line per field that is not the same on every rank (absent: '<unset>')."""
-    keys = sorted({k for p in prints for k in p})
+def differences(prints: list[dict[str, str]], ignored: tuple[str, ...] = ()) -> list[str]:
+    """One line per field that is not the same on every rank (absent: '<unset>'),
+    fields in ``ignored`` left out (where a rank runs, posted for the messages)."""
+    keys = sorted({k for p in prints for k in p} - set(ignored))
     lines = []
     for key in keys:
         values = [p.get(key, "<unset>") for p in prints]

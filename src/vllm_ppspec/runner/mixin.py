@@ -124,14 +124,13 @@ class PPSpecRunnerMixin:
         if not plan.serves_pp:
             return
         check_engine_mode(self.vllm_config, mode)  # type: ignore[attr-defined]
-        # The draft model on the first stage (sync mode): decided from config and
-        # environment, compared across ranks with the rest of the fingerprint.
+        # The draft model on the first stage (sync mode): the plan's decision,
+        # compared across ranks with the rest of the fingerprint.
         first = first_stage.set_up(self, pp)
         self._ppspec_drafter_first = first is not False
         # The plugin's first collective: every PP rank was started the same way
         # (one host or several), or every rank refuses (health/startup_check.py).
-        placed = ", the draft model on the first stage" if self._ppspec_drafter_first else ""
-        agree(pp.cpu_group, fingerprint(self, mode.value + placed))
+        agree(pp.cpu_group, fingerprint(self, plan))
         if stage_speed.applies(self.vllm_config):  # type: ignore[attr-defined]
             # The measured layer split: a gather and a broadcast (stage_speed.py).
             stage_speed.settle(self.vllm_config, pp, self.device)  # type: ignore[attr-defined]
@@ -151,6 +150,7 @@ class PPSpecRunnerMixin:
             view=self._ppspec_view,
             drafter_first=self._ppspec_drafter_first,
             catch_up=first if isinstance(first, first_stage.DraftCatchUp) else None,
+            tp=self.parallel_config.tensor_parallel_size,  # type: ignore[attr-defined]
         )
         if is_last and not self._ppspec_drafter_first:
             isolate_drafter(self.drafter)  # type: ignore[attr-defined]

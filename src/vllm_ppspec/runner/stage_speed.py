@@ -29,7 +29,6 @@ in either.
 from __future__ import annotations
 
 import os
-import socket
 import statistics
 import time
 from typing import Any
@@ -39,6 +38,7 @@ import torch
 from vllm_ppspec.choice import layer_split
 from vllm_ppspec.choice.layer_split import StageFigures
 from vllm_ppspec.choice.stage_work import estimate, layer_sizes
+from vllm_ppspec.protocol.agreement import host_label
 
 MAX_PARAMS = 32 * 1024 * 1024  # the benchmark's weights, at most
 ROUNDS = 5
@@ -112,15 +112,16 @@ def capacity(vllm_config: Any, device: torch.device) -> float:
 
 
 def measure(vllm_config: Any, device: torch.device) -> StageFigures:
-    host = socket.gethostname() + (
-        f" ({os.environ['VLLM_HOST_IP']})" if os.environ.get("VLLM_HOST_IP") else ""
+    return StageFigures(
+        device_rate(vllm_config, device), capacity(vllm_config, device), host_label()
     )
-    return StageFigures(device_rate(vllm_config, device), capacity(vllm_config, device), host)
 
 
 def applies(vllm_config: Any) -> bool:
     """The measured rule is in force here: every PP rank then runs :func:`settle`."""
-    return layer_split.rule() == "measured" and layer_split.user_split() is None
+    from vllm_ppspec.choice.plan import plan_of
+
+    return plan_of(vllm_config).split_rule == "measured" and layer_split.user_split() is None
 
 
 def settle(vllm_config: Any, pp: Any, device: torch.device) -> str | None:

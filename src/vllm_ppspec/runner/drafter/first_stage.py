@@ -36,7 +36,6 @@ scheduling at DP = 1.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -55,13 +54,21 @@ def with_slots(scheduled: dict[str, Any]) -> list[str]:
     return [r for r, ids in scheduled.items() if ids]
 
 
-def encode(drafts: dict[str, list[int]], k: int) -> torch.Tensor:
-    """``[n, k, d_00 .. d_0k-1, ...]``, -1 padded: never empty (tensor dicts skip empty)."""
+def encode(drafts: dict[str, list[int]], k: int, tp: int = 1) -> torch.Tensor:
+    """``[n, k, d_00 .. d_0k-1, ...]``, -1 padded: never empty (tensor dicts skip empty).
+
+    With ``tp`` > 1 one more -1 where the length divides by ``tp``: vLLM's PP
+    send (``GroupCoordinator.isend_tensor_dict`` with the TP group as
+    ``all_gather_group``) sends each TP rank a slice of a tensor whose size
+    divides by the TP size, and the receiver all-gathers the slices over the TP
+    group's device communicator, which takes device tensors only (CUDA). The
+    drafts are a CPU tensor: sent whole, over the PP group's ``cpu_group``."""
     n = len(drafts)
     body = np.full((n, k), -1, dtype=np.int64)
     for i, ids in enumerate(drafts.values()):
         body[i, : len(ids)] = ids
-    return torch.from_numpy(np.concatenate([[n, k], body.ravel()]))
+    pad = [-1] if tp > 1 and (2 + n * k) % tp == 0 else []
+    return torch.from_numpy(np.concatenate([[n, k], body.ravel(), pad]).astype(np.int64))
 
 
 def decode(tensor: torch.Tensor, req_ids: list[str]) -> dict[str, list[int]]:
@@ -127,12 +134,30 @@ class DraftCatchUp:
         if 0 < accepted <= len(ids):
             self.runner.input_batch.token_ids_cpu[row, n + 1 : n + 1 + accepted] = ids[:accepted]
 
+    def fits(self, scheduler_output: Any) -> bool:
+        """The step's longest sequence plus K fits the drafter's length limit (the
+        draft's own ``max_model_len``, else the target's): where it does not, vLLM
+        at PP = 1 runs no drafter for the batch and drafts zeros. Mirrors
+        ``GPUModelRunner._input_fits_in_drafter``
+        (vllm/v1/worker/gpu_model_runner.py; hash pinned in
+        compat.data.MIRRORED_FUNCTIONS) over the seq lens the step's attention
+        metadata gives it: computed plus scheduled tokens."""
+        batch, runner = self.runner.input_batch, self.runner
+        longest = max(
+            int(batch.num_computed_tokens_cpu[batch.req_id_to_index[r]]) + n
+            for r, n in scheduler_output.num_scheduled_tokens.items()
+        )
+        return longest + int(runner.num_spec_tokens) <= int(runner.effective_drafter_max_model_len)
+
     def step(self, scheduler_output: Any) -> dict[str, list[int]]:
-        """Run the drafter for this step; the drafts of each request with draft slots."""
+        """Run the drafter for this step; the drafts of each request with draft slots
+        (zeros for all, and no drafter pass, where the step does not fit: :meth:`fits`)."""
         batch = self.runner.input_batch
         spec = scheduler_output.scheduled_spec_decode_tokens
+        fits = self.fits(scheduler_output)
         catch_up: list[tuple[str, int, int]] = []  # (req_id, first, end): positions [first, end)
         drafting: list[tuple[str, int, int]] = []
+        drafts: dict[str, list[int]] = {}
         for req_id, count in scheduler_output.num_scheduled_tokens.items():
             row = batch.req_id_to_index[req_id]
             computed = int(batch.num_computed_tokens_cpu[row])
@@ -143,11 +168,17 @@ class DraftCatchUp:
             # cache hit holds the drafter's KV too, as at PP = 1).
             first = min(self.valid.get(req_id, computed), computed)
             self.valid[req_id] = first
+            if not fits:
+                # No pass: the drafter's cache stays where it is (a later step
+                # that fits catches up from there); zeros drafted, as vLLM does.
+                if slots:
+                    drafts[req_id] = [0] * slots
+                    self.drafted[req_id] = (end - 1, drafts[req_id])
+                continue
             if end < 2 or end <= first:
                 continue  # a one-token prompt's first chunk: it goes in with the next pass
             # At least the token before the last one, so the pass has one target token.
             (drafting if slots else catch_up).append((req_id, min(first, end - 2), end))
-        drafts: dict[str, list[int]] = {}
         if catch_up:
             self._propose(catch_up, 0)
             for req_id, _, end in catch_up:
@@ -223,7 +254,7 @@ class DraftCatchUp:
 
 
 def set_up(runner: Any, pp: Any) -> DraftCatchUp | bool:
-    """Decide the drafter's stage (every rank alike: config and environment only).
+    """Follow the plan's drafter stage (``Plan.drafter_first``, every rank alike).
 
     Returns False where the drafter stays on the last stage (logged with the
     reason on the first rank), True on the other ranks where it runs on the
@@ -235,10 +266,10 @@ def set_up(runner: Any, pp: Any) -> DraftCatchUp | bool:
     from vllm_ppspec.runner.drafter.scope import isolate_drafter
 
     logger = init_logger("vllm.ppspec")
-    why = policy.drafter_placement_of(runner.vllm_config)
-    if why is not None:
-        if os.environ.get(policy.DRAFTER_STAGE_ENV) and pp.is_first_rank:
-            logger.info("vllm-ppspec: the drafter runs on the last stage: %s", why)
+    plan = runner.ppspec_plan
+    if not plan.drafter_first:
+        if plan.drafter_why != policy.STAGE_NOT_ASKED and pp.is_first_rank:
+            logger.info("vllm-ppspec: the drafter runs on the last stage: %s", plan.drafter_why)
         return False
     if not pp.is_first_rank:
         return True

@@ -46,13 +46,15 @@ from vllm_ppspec.protocol.agreement import (
     RankMissingError,
     differences,
     gather,
+    host_label,
     timeout_s,
 )
 
 PROTOCOL_FIELD = "protocol"
 
-# VLLM_PPSPEC_* switches that change the mode or what goes on the wire, so
-# every PP rank must read them the same: name -> the value an unset one reads as.
+# VLLM_PPSPEC_* on/off switches that change the mode or what goes on the wire,
+# so every PP rank must read them the same: name -> the value an unset one reads
+# as. Each is compared as the plan read it (Plan.agreed: "1" or "0").
 AGREED_SWITCHES: dict[str, str] = {
     # Sync: batches in flight (max_concurrent_batches, which workers size buffers by).
     "VLLM_PPSPEC_ONE_BATCH": "0",
@@ -66,8 +68,6 @@ HOST_LOCAL_SWITCHES: dict[str, str] = {
     "VLLM_PPSPEC_DP_AGREE_TIMEOUT": "how long this rank waits for its DP peers",
     "VLLM_PPSPEC_PEER_KEEPALIVE_S": "how soon this rank's peer watch gives up on a peer",
     "VLLM_PPSPEC_AUTO": "compared by the decision it leads to (patches/config/deployment_check.py)",
-    "VLLM_PPSPEC_DRAFTER_STAGE": "compared by the decision it leads to (the mode field names the "
-    "drafter's stage: runner/drafter/first_stage.py)",
     "VLLM_PPSPEC_CPU_COMPILED_CORRECTION": "the same correction, compiled or eager",
     "VLLM_PPSPEC_FAULT": "tests: a fault injected on this host's ranks",
     "VLLM_PPSPEC_FAULT_SKIP_ACCEPTED_COUNTS": "tests: a fault injected on this host's ranks",
@@ -75,26 +75,24 @@ HOST_LOCAL_SWITCHES: dict[str, str] = {
     "VLLM_PPSPEC_CACHE": "tools: this host's cache directory",
     "VLLM_PPSPEC_ADAPTIVE_K_BATCHES": "read by the engine core's scheduler alone",
 }
-# VLLM_PPSPEC_* variables of more than two values, each compared as its own field.
+# VLLM_PPSPEC_* variables of more than two values, each compared as the plan's
+# decision in a field of its own (Plan.agreed): name -> the field.
 COMPARED_AS_FIELDS: dict[str, str] = {
     "VLLM_PPSPEC_LAYER_SPLIT": "layer split rule ($VLLM_PPSPEC_LAYER_SPLIT)",
+    "VLLM_PPSPEC_DRAFTER_STAGE": "drafter stage ($VLLM_PPSPEC_DRAFTER_STAGE)",
 }
+# Where the rank runs: in the fingerprint for the messages, never compared.
+HOST_FIELD = "host"
 
 
 class StartupMismatchError(RuntimeError):
     """PP ranks were started differently; raised on every rank."""
 
 
-def switch_value(name: str) -> str:
-    """An agreed on/off switch as the plugin reads it: its default unless set to
-    the other value ("1" or "0"), so unset, the default and any other value agree."""
-    default = AGREED_SWITCHES[name]
-    other = "1" if default == "0" else "0"
-    return other if os.environ.get(name) == other else default
-
-
-def fingerprint(runner: Any, mode: str) -> dict[str, str]:
-    """What must be equal on every PP rank, as strings."""
+def fingerprint(runner: Any, plan: Any) -> dict[str, str]:
+    """What must be equal on every PP rank, as strings; ``plan``: the runner's
+    :class:`~vllm_ppspec.choice.plan.Plan`, whose decisions are compared by the
+    setting behind each (``Plan.agreed``)."""
     from vllm_ppspec import protocol
     from vllm_ppspec.choice import layer_split
 
@@ -104,7 +102,6 @@ def fingerprint(runner: Any, mode: str) -> dict[str, str]:
     fields = {
         PROTOCOL_FIELD: str(protocol.PROTOCOL),
         "vLLM version": installed_vllm_version(),
-        "mode": mode,
         "pipeline_parallel_size": str(runner.parallel_config.pipeline_parallel_size),
         "speculative method": str(spec.method),
         "num_speculative_tokens": str(spec.num_speculative_tokens),
@@ -115,10 +112,9 @@ def fingerprint(runner: Any, mode: str) -> dict[str, str]:
         f"target layer split (${layer_split.ENV})": os.environ.get(
             layer_split.ENV, "vLLM's even split"
         ),
-        COMPARED_AS_FIELDS[layer_split.RULE_ENV]: layer_split.rule(),
+        **plan.agreed(),
+        HOST_FIELD: host_label(),
     }
-    for name in AGREED_SWITCHES:
-        fields[f"${name}"] = switch_value(name)
     return fields
 
 
@@ -138,16 +134,19 @@ def agree(group: Any, mine: dict[str, str], timeout: float | None = None) -> Non
     protocols = differences(
         [{PROTOCOL_FIELD: p[PROTOCOL_FIELD]} if PROTOCOL_FIELD in p else {} for p in prints]
     )
+    hosts = ", ".join(f"rank {r}: {p.get(HOST_FIELD, '?')}" for r, p in enumerate(prints))
     if protocols:
         raise StartupMismatchError(
             "vllm-ppspec: the PP ranks speak different versions of the plugin's protocol; "
             "install a vllm-ppspec of the same protocol on every node. Differs: "
             + "; ".join(protocols)
+            + f". Hosts: {hosts}"
         )
-    diff = differences(prints)
+    diff = differences(prints, ignored=(HOST_FIELD,))
     if diff:
         raise StartupMismatchError(
             "vllm-ppspec: the PP ranks were started differently; start every node with "
-            f"the same vLLM, speculative config and {', '.join(AGREED_SWITCHES)}. "
-            "Differs: " + "; ".join(diff)
+            f"the same vLLM, speculative config and "
+            f"{', '.join([*AGREED_SWITCHES, *COMPARED_AS_FIELDS])}. "
+            "Differs: " + "; ".join(diff) + f". Hosts: {hosts}"
         )

@@ -73,10 +73,12 @@ def build_steps(
     view: RunnerView,
     drafter_first: bool = False,
     catch_up: DraftCatchUp | None = None,
+    tp: int = 1,
 ) -> Steps:
     """The steps object of ``mode`` for PP rank ``pp.rank_in_group``.
     ``drafter_first`` (sync mode): the drafter runs on the first stage
-    (runner/drafter/first_stage.py), ``catch_up`` its state there."""
+    (runner/drafter/first_stage.py), ``catch_up`` its state there; ``tp``:
+    the TP size (the drafts' wire length, ``first_stage.encode``)."""
     if mode is Mode.OFF:
         return Steps()
     is_last = pp.is_last_rank
@@ -90,7 +92,7 @@ def build_steps(
     if drafter_first:
         if pp.is_first_rank:
             assert catch_up is not None
-            parts.append(FirstStageDrafter(catch_up, k, clocks))
+            parts.append(FirstStageDrafter(catch_up, k, clocks, tp))
         else:
             parts.append(ReceiveDrafts(passes_on=not is_last))
         parts.append(DeliverDrafts(placeholders=True) if is_last else RestoreOutputTokens())

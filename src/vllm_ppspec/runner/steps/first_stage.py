@@ -28,10 +28,11 @@ from vllm_ppspec.runner.view import RunnerView
 class FirstStageDrafter(Part):
     """First rank: draft after ``_update_states``; send the drafts with the step's tensors."""
 
-    def __init__(self, catch_up: DraftCatchUp, k: int, clocks: Clocks) -> None:
+    def __init__(self, catch_up: DraftCatchUp, k: int, clocks: Clocks, tp: int = 1) -> None:
         self.catch_up = catch_up
         self.k = max(k, 1)
         self.clocks = clocks
+        self.tp = tp  # the TP size: the drafts' length never divides by it (first_stage.encode)
         self.drafts: dict[str, list[int]] = {}
 
     def before_update(self, view: RunnerView, scheduler_output: Any) -> None:
@@ -47,7 +48,7 @@ class FirstStageDrafter(Part):
 
     def after_forward(self, view: RunnerView, state: StepState, output: Any, received: Any) -> None:
         if hasattr(output, "tensors"):
-            output.tensors[KEY] = encode(self.drafts, self.k)
+            output.tensors[KEY] = encode(self.drafts, self.k, self.tp)
 
 
 class ReceiveDrafts(Part):

@@ -67,6 +67,8 @@ def restore_output_tokens(requests: dict[str, Any], scheduler_output: Any) -> No
         req_state = requests.get(req_id)
         if tokens is None or req_state is None:
             continue
-        num_computed = cached.num_computed_tokens[i]
-        if num_computed >= req_state.num_prompt_tokens:
-            req_state.output_token_ids[:] = tokens[req_state.num_prompt_tokens : num_computed]
+        # Up to the computed tokens; none where they stop inside the prompt (a
+        # preempted request whose cached prefix is shorter than its prompt): vLLM's
+        # _update_states then appends the scheduled tokens past the prompt.
+        prompt = req_state.num_prompt_tokens
+        req_state.output_token_ids[:] = tokens[prompt : max(prompt, cached.num_computed_tokens[i])]
