@@ -1,0 +1,120 @@
+"""End to end: the draft model on the first PP stage in the cells a filled pipeline meets.
+
+``VLLM_PPSPEC_DRAFTER_STAGE=first`` (runner/drafter/first_stage.py), sync
+scheduling, the copy drafter (planted to be accepted every time the drafter's
+cache and the drafts it is given are right). One engine per line shares its
+start-up between the cells (docs/testing.md):
+
+* preemption: the load test's 16 requests through a KV cache of 5 blocks of
+  128 tokens (tests/test_e2e_load.py); a preempted request comes back with its
+  cached prefix, which may end inside its prompt;
+* chunked prefill: a 64-token budget chunks the long prompts;
+* prefix-cache hits: a request whose 256 first tokens an earlier one left in
+  the prefix cache (the ``then`` lists run one after another on one engine);
+* penalties: greedy requests with repetition, presence and frequency
+  penalties, which the last rank's sampler applies over the drafts it was sent;
+* one batch in flight (``VLLM_PPSPEC_ONE_BATCH=1``) and PP batches;
+* TP = 2 x PP = 2 (four ranks): the drafts ride in the intermediate tensors,
+  which vLLM's PP send slices for the TP group's all-gather where their size
+  divides by the TP size (first_stage.encode keeps them whole).
+
+Oracle: every token id equals vLLM's own worker at PP=1 without spec, on the
+same requests. Acceptance: the copy drafter is accepted almost always (a
+preempted request's recomputation drops its drafts, as in the load test).
+
+What these models cannot show: the tiny target and the copy drafter read
+only the current and the previous token, and the penalties' context at the
+draft positions (the drafts within one round) never holds a token they would
+change. Wrong ids deep in a re-joining request's context, or zeros in the last
+rank's copy of the drafts, leave every token here as it is (both planted and
+tried). Those breaks fail unit tests instead:
+tests/test_runner_rounds.py::test_a_preempted_request_whose_cached_prefix_ends_inside_its_prompt_rejoins_whole,
+tests/test_first_stage_drafter.py::test_the_drafts_never_go_through_the_tp_all_gather
+(on CPU, vLLM's PP send within a host takes its shared-memory path, which
+never slices for the TP all-gather).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.engine_jobs import job, run_job
+from tests.test_e2e_load import LOAD_REQUESTS
+from vllm_ppspec_tools.fixtures.spec_configs import tiny_spec
+
+pytestmark = pytest.mark.e2e
+
+K = 3
+FIRST = {"VLLM_PPSPEC_DRAFTER_STAGE": "first"}
+ON_FIRST = "the draft model runs on the first PP stage"
+
+PENALTIES = [
+    {
+        "prompt_token_ids": [5 + (13 * i) % 400 for i in range(9)],
+        "max_tokens": 31,
+        "repetition_penalty": 1.4,
+    },
+    {
+        "prompt_token_ids": [17, 300, 42, 42, 17, 300],
+        "max_tokens": 27,
+        "presence_penalty": 0.8,
+        "frequency_penalty": 0.6,
+    },
+]
+PREFIX = [3 + (29 * i) % 509 for i in range(260)]  # two blocks of 128 and 4 tokens
+# Run after the load, one list after the other: the second finds the first's
+# two full blocks in the prefix cache.
+THEN = [
+    [{"prompt_token_ids": PREFIX + [17], "max_tokens": 23}],
+    [{"prompt_token_ids": PREFIX + [40, 41], "max_tokens": 19}],
+]
+CELLS = {
+    "requests": LOAD_REQUESTS + PENALTIES,
+    "then": THEN,
+    "max_num_seqs": 8,
+    "num_kv_blocks": 5,
+    "enable_prefix_caching": True,
+}
+BLOCK = 128  # the CPU backend's block size for these models
+
+
+@pytest.fixture(scope="module")
+def cells_pp1(models):
+    res = run_job(job(models["target"], worker="stock", **CELLS))
+    assert res.returncode == 0, res.log[-6000:]
+    return res
+
+
+def _check(res, want, tp: int = 1) -> None:
+    assert res.returncode == 0, res.log[-8000:]
+    assert res.log.count(ON_FIRST) == tp, res.log[-4000:]  # each first-stage rank says it
+    differ = [i for i, (a, b) in enumerate(zip(res.outputs, want.outputs, strict=True)) if a != b]
+    assert not differ, f"requests differing from PP=1 without spec: {differ}"
+    for i, (got, base) in enumerate(zip(res.result["then"], want.result["then"], strict=True)):
+        assert got["outputs"] == base["outputs"], f"then[{i}] differs from PP=1 without spec"
+    # The second prefix request found the first's full blocks in the cache.
+    assert res.result["then"][1]["prefix_cache_hits"] >= 2 * BLOCK, res.result["then"]
+    stats = res.result["spec"]
+    assert stats["drafts"] > 0 and stats["accepted"] > 0.9 * stats["drafts"], stats
+    for i, then in enumerate(res.result["then"]):
+        s = then["spec"]
+        assert s["drafts"] > 0 and s["accepted"] == s["drafts"], (i, s)
+
+
+@pytest.mark.parametrize("batches", ["pp", "one"])
+def test_first_stage_drafter_through_preemption_prefix_hits_chunks_and_penalties(
+    models, cells_pp1, batches
+):
+    _, spec = tiny_spec(models, "draft_copy", K)
+    env = {**FIRST, **({"VLLM_PPSPEC_ONE_BATCH": "1"} if batches == "one" else {})}
+    res = run_job(job(models["target"], pp=2, spec=spec, env=env, **CELLS), timeout=900)
+    _check(res, cells_pp1)
+    assert res.result["preemptions"] > 0, "the small KV cache did not force preemption"
+
+
+def test_first_stage_drafter_at_tp2_by_pp2(models, cells_pp1):
+    """Four ranks: each TP rank of the first stage drafts (the draft model is
+    sharded as the target is) and sends its drafts whole to its peer."""
+    _, spec = tiny_spec(models, "draft_copy", K)
+    res = run_job(job(models["target"], pp=2, tp=2, spec=spec, env=FIRST, **CELLS), timeout=900)
+    _check(res, cells_pp1, tp=2)
