@@ -16,7 +16,7 @@ start-up between the cells (docs/testing.md):
 * one batch in flight (``VLLM_PPSPEC_ONE_BATCH=1``) and PP batches;
 * TP = 2 x PP = 2 (four ranks): the drafts ride in the intermediate tensors,
   which vLLM's PP send slices for the TP group's all-gather where their size
-  divides by the TP size (first_stage.encode keeps them whole).
+  divides by the TP size (protocol/draft_tensor.encode keeps them whole).
 
 Oracle: every token id equals vLLM's own worker at PP=1 without spec, on the
 same requests. Acceptance: the copy drafter is accepted almost always (a

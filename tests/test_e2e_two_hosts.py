@@ -177,6 +177,12 @@ MISMATCHES = {
         {"VLLM_PPSPEC_ONE_BATCH": "1"},
         "$VLLM_PPSPEC_ONE_BATCH (rank 0: '0', rank 1: '1')",
     ),
+    # host 1 alone runs the draft model on the first stage: the plan's decision,
+    # compared by its setting (choice/plan.Plan.agreed), each host named
+    "drafter-stage": (
+        {"VLLM_PPSPEC_DRAFTER_STAGE": "first"},
+        "drafter stage ($VLLM_PPSPEC_DRAFTER_STAGE) (rank 0: 'last', rank 1: 'first')",
+    ),
     # host 1 alone keeps vLLM's own worker: the deployment check of every worker
     # (patches/config/deployment_check.py) names the decision and the setting, at once
     "no-plugin": (
@@ -186,6 +192,7 @@ MISMATCHES = {
 }
 REFUSALS = {
     "switch": "vllm-ppspec: the PP ranks were started differently",
+    "drafter-stage": "vllm-ppspec: the PP ranks were started differently",
     "no-plugin": "vllm-ppspec: the ranks of this deployment decided differently who serves",
 }
 
@@ -216,6 +223,9 @@ def test_hosts_started_differently_are_refused_on_both(hosts, models, tmp_path, 
         # Every host names what differs; neither waited out the start-up timeout.
         assert expected in log and REFUSALS[case] in log, (r, log[-4000:])
         assert "did not reach" not in log, (r, log[-4000:])
+        if case != "no-plugin":  # the PP ranks' check names each rank's host
+            named = log.split("Hosts: ")[1].splitlines()[0]
+            assert "rank 0: ppspec-host0" in named and "rank 1: ppspec-host1" in named, named
     print(f"{case}: both hosts ended {ended_after:.1f} s after start")
     while hosts.nodes[0].vllm_pids() or hosts.nodes[1].vllm_pids():
         assert time.monotonic() - start < 90, "vLLM processes left on a host"

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from vllm_ppspec.choice import policy
+from vllm_ppspec.protocol import draft_tensor as wire
 from vllm_ppspec.runner.drafter import first_stage as fs
 
 
@@ -48,13 +49,13 @@ def test_a_bad_stage_names_the_variable(monkeypatch):
 
 
 def test_drafts_travel_padded_and_come_back_by_request():
-    wire = fs.encode({"a": [5, 6, 7], "b": [8]}, 3)
-    assert wire.tolist() == [2, 3, 5, 6, 7, 8, -1, -1]
-    assert fs.decode(wire, ["a", "b"]) == {"a": [5, 6, 7], "b": [8]}
-    assert fs.encode({}, 3).tolist() == [0, 3]  # never empty: a tensor dict drops those
+    sent = wire.encode({"a": [5, 6, 7], "b": [8]}, 3)
+    assert sent.tolist() == [2, 3, 5, 6, 7, 8, -1, -1]
+    assert wire.decode(sent, ["a", "b"]) == {"a": [5, 6, 7], "b": [8]}
+    assert wire.encode({}, 3).tolist() == [0, 3]  # never empty: a tensor dict drops those
     with pytest.raises(RuntimeError, match="drafted for 2 requests, this step has 1"):
-        fs.decode(wire, ["a"])
-    assert fs.with_slots({"a": [0, 0], "b": [], "c": [0]}) == ["a", "c"]
+        wire.decode(sent, ["a"])
+    assert wire.with_slots({"a": [0, 0], "b": [], "c": [0]}) == ["a", "c"]
 
 
 def test_the_drafts_never_go_through_the_tp_all_gather():
@@ -69,19 +70,19 @@ def test_the_drafts_never_go_through_the_tp_all_gather():
     def sliced(tensor: torch.Tensor, tp: int) -> bool:
         group = SimpleNamespace(world_size=tp)
         should = GroupCoordinator._should_use_all_gather
-        return should(None, fs.KEY, tensor.numel(), group, None)  # type: ignore[arg-type]
+        return should(None, wire.KEY, tensor.numel(), group, None)  # type: ignore[arg-type]
 
     for tp in range(2, 9):
         for n in range(0, 20):
             for k in range(1, 9):
                 drafts = {str(i): [7] * k for i in range(n)}
-                wire = fs.encode(drafts, k, tp)
-                assert not sliced(wire, tp), (tp, n, k)
-                assert fs.decode(wire, list(drafts)) == drafts
-    assert fs.encode({"a": [5, 6]}, 2).tolist() == [1, 2, 5, 6]  # TP = 1: as it was
-    assert fs.encode({"a": [5, 6]}, 2, tp=2).tolist() == [1, 2, 5, 6, -1]
+                sent = wire.encode(drafts, k, tp)
+                assert not sliced(sent, tp), (tp, n, k)
+                assert wire.decode(sent, list(drafts)) == drafts
+    assert wire.encode({"a": [5, 6]}, 2).tolist() == [1, 2, 5, 6]  # TP = 1: as it was
+    assert wire.encode({"a": [5, 6]}, 2, tp=2).tolist() == [1, 2, 5, 6, -1]
     # The planted break: unpadded, TP = 2 and K = 2 always slices.
-    assert sliced(fs.encode({"a": [5, 6]}, 2), 2)
+    assert sliced(wire.encode({"a": [5, 6]}, 2), 2)
 
 
 def _batch(rows: dict[str, list[int]], computed: dict[str, int], block_size: int = 4):

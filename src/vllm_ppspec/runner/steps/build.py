@@ -78,7 +78,7 @@ def build_steps(
     """The steps object of ``mode`` for PP rank ``pp.rank_in_group``.
     ``drafter_first`` (sync mode): the drafter runs on the first stage
     (runner/drafter/first_stage.py), ``catch_up`` its state there; ``tp``:
-    the TP size (the drafts' wire length, ``first_stage.encode``)."""
+    the TP size (the drafts' wire length, ``protocol/draft_tensor.encode``)."""
     if mode is Mode.OFF:
         return Steps()
     is_last = pp.is_last_rank

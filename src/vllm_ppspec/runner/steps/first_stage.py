@@ -12,15 +12,9 @@ from typing import Any
 
 import torch
 
+from vllm_ppspec.protocol.draft_tensor import KEY, decode, encode, with_slots
 from vllm_ppspec.runner.clocks import Clocks
-from vllm_ppspec.runner.drafter.first_stage import (
-    KEY,
-    DraftCatchUp,
-    decode,
-    encode,
-    with_slots,
-    write_drafts,
-)
+from vllm_ppspec.runner.drafter.first_stage import DraftCatchUp, write_drafts
 from vllm_ppspec.runner.steps.base import Part, StepState
 from vllm_ppspec.runner.view import RunnerView
 
@@ -32,7 +26,7 @@ class FirstStageDrafter(Part):
         self.catch_up = catch_up
         self.k = max(k, 1)
         self.clocks = clocks
-        self.tp = tp  # the TP size: the drafts' length never divides by it (first_stage.encode)
+        self.tp = tp  # the TP size: the drafts' length never divides by it (draft_tensor.encode)
         self.drafts: dict[str, list[int]] = {}
 
     def before_update(self, view: RunnerView, scheduler_output: Any) -> None:
