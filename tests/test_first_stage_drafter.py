@@ -27,6 +27,8 @@ from vllm_ppspec.runner.drafter import first_stage as fs
         ("last", "draft_model", False, True, 1, "is not 'first'"),
         ("first", "draft_model", False, True, 1, None),
         ("First ", "draft_model", False, True, 1, None),
+        ("auto", "draft_model", False, True, 1, None),  # the plan asks the cost model next
+        ("auto", "eagle3", False, True, 1, "only a draft model"),
         ("first", "eagle3", False, True, 1, "only a draft model"),
         ("first", "draft_model", True, True, 1, "only a draft model"),
         ("first", "draft_model", False, False, 1, "async scheduling"),
@@ -44,7 +46,7 @@ def test_where_the_drafter_runs(monkeypatch, env, method, parallel, sync, dp, wh
 
 def test_a_bad_stage_names_the_variable(monkeypatch):
     monkeypatch.setenv(policy.DRAFTER_STAGE_ENV, "middle")
-    with pytest.raises(ValueError, match="VLLM_PPSPEC_DRAFTER_STAGE='middle'.*'first' or 'last'"):
+    with pytest.raises(ValueError, match="VLLM_PPSPEC_DRAFTER_STAGE='middle'.*first, last, auto"):
         policy.drafter_placement("draft_model", False, True, 1)
 
 

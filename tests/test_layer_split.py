@@ -281,3 +281,53 @@ def test_the_split_follows_the_draft_model_to_the_first_stage(monkeypatch):
     # Async scheduling keeps the drafter last, and the split with it.
     config.scheduler_config.async_scheduling = True
     assert layer_split.split_for(config) == ([24, 4], [14, 14])
+
+
+# Qwen2.5-Coder-1.5B and its 0.5B drafter (the real pair), their real sizes.
+CODER_15B = _llama(1536, 28, 8960, 12, 2, 151936)
+CODER_05B = _llama(896, 24, 4864, 14, 2, 151936)
+
+
+def test_auto_puts_the_draft_model_first_where_the_stages_balance_better(monkeypatch):
+    """``VLLM_PPSPEC_DRAFTER_STAGE=auto`` (choice/drafter_stage.py): the real
+    pair's 0.5B drafter outweighs the 1.5B target's tail on the last stage, so
+    its three passes go to the first stage (measured there 1.12-1.41x the
+    last, docs/measurements.md); the bench's one-layer drafter leaves the two
+    placements within the estimate's error and stays last; so does a model
+    the estimate has no figures for."""
+    from vllm_ppspec.choice import drafter_stage
+
+    pair = _stand_in(CODER_15B, "draft_model", CODER_05B)
+    assert drafter_stage.auto(pair) is None
+    first = drafter_stage.busiest(28, 2, estimate(pair, first=True))
+    last = drafter_stage.busiest(28, 2, estimate(pair, first=False))
+    assert first < 0.9 * last, (first, last)
+    bench = _stand_in(PLANTED, "draft_model", PLANTED_DRAFTER)
+    why = drafter_stage.auto(bench)
+    assert why is not None and why.startswith("auto: on the first stage the busiest"), why
+    hybrid = _stand_in(CODER_15B, "draft_model", CODER_05B)
+    hybrid.model_config.is_hybrid = True
+    assert drafter_stage.auto(hybrid) == "auto: no estimate of the stages' work for this model"
+
+
+def test_auto_is_decided_once_by_the_plan_and_the_split_follows_it(monkeypatch):
+    """The plan settles ``auto`` into a placement (Plan.drafter_first), with the
+    reason where it stays last; the weights rule's split then counts the
+    drafter where the plan put it."""
+    from vllm_ppspec.choice.plan import Plan, keep, plan_of, with_switches
+    from vllm_ppspec.choice.policy import Mode
+
+    monkeypatch.setenv("VLLM_PPSPEC_DRAFTER_STAGE", "auto")
+    sync = Plan(worker=True, line=True, mode=Mode.SYNC, pp=2)
+    for target, draft, on_first in (
+        (CODER_15B, CODER_05B, True),
+        (PLANTED, PLANTED_DRAFTER, False),
+    ):
+        config = _stand_in(target, "draft_model", draft)
+        config.scheduler_config = SimpleNamespace(async_scheduling=False)
+        config.additional_config = {}
+        keep(config, with_switches(sync, config))
+        plan = plan_of(config)
+        assert plan.drafter_first is on_first, plan
+        assert (plan.drafter_why == "") is on_first, plan
+        assert (estimate(config).first_work > 0) is on_first

@@ -91,7 +91,7 @@ def test_the_choice_is_the_brute_forces_on_random_stages():
             StageFigures(rng.choice((1.0, 1.3, 2.0, 3.0)), rng.choice((INF, INF, 6.0, 9.0)), "h")
             for _ in range(pp)
         ]
-        even = layer_split._spread(layers, pp)
+        even = layer_split.spread(layers, pp)
         want = _brute(layers, stages, even, figures, 1.0)
         assert choose_measured(layers, stages, even, figures, 1.0) == want, (
             layers,

@@ -51,7 +51,7 @@ def test_pp_spec_settles_the_plugins_plan_and_vllm_reads_it(models):
         "pp": 2,
         "one_batch": False,
         "drafter_first": False,
-        "drafter_why": "VLLM_PPSPEC_DRAFTER_STAGE is not 'first'",
+        "drafter_why": "VLLM_PPSPEC_DRAFTER_STAGE is not 'first' or 'auto'",
         "split_rule": "weights",
         "adaptive_k": False,
     }
@@ -61,7 +61,7 @@ def test_pp_spec_settles_the_plugins_plan_and_vllm_reads_it(models):
         line=True,
         mode=Mode.SYNC,
         pp=2,
-        drafter_why="VLLM_PPSPEC_DRAFTER_STAGE is not 'first'",
+        drafter_why="VLLM_PPSPEC_DRAFTER_STAGE is not 'first' or 'auto'",
     )
     assert plan.acts and plan.serves_pp and plan.checks_deployment and plan.watches_peers
     assert cfg.parallel_config.worker_cls == WORKER_QUALNAME

@@ -67,7 +67,7 @@ def even_split(num_layers: int, pp: int) -> list[int]:
     return [end - start for start, end in (get_pp_indices(num_layers, r, pp) for r in range(pp))]
 
 
-def _spread(layers: int, stages: int) -> list[int]:
+def spread(layers: int, stages: int) -> list[int]:
     """``layers`` over ``stages`` as evenly as vLLM spreads them: any remainder
     on the later stages."""
     base, rest = divmod(layers, stages)
@@ -100,8 +100,8 @@ def choose(
     ends = range(1, num_layers - pp + 2)
     candidates = (
         [even]
-        + [_spread(num_layers - last, pp - 1) + [last] for last in ends]
-        + [[first] + _spread(num_layers - first, pp - 1) for first in ends]
+        + [spread(num_layers - last, pp - 1) + [last] for last in ends]
+        + [[first] + spread(num_layers - first, pp - 1) for first in ends]
     )
     allowed = [s for s in candidates if weights(s) <= limit]
     return min(allowed, key=lambda s: (work(s), distance(s)))

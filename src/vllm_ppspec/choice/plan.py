@@ -136,6 +136,10 @@ def with_switches(plan: Plan, vllm_config: Any) -> Plan:
     if not plan.serves_pp:
         return plan
     why = policy.drafter_placement_of(vllm_config)
+    if why is None and policy.drafter_stage() == "auto":
+        from vllm_ppspec.choice.drafter_stage import auto
+
+        why = auto(vllm_config)
     return dataclasses.replace(
         plan,
         one_batch=policy.one_batch(),

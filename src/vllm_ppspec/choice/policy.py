@@ -26,9 +26,11 @@ import os
 # moderate load (docs/measurements.md, "One batch or PP batches").
 ONE_BATCH_ENV = "VLLM_PPSPEC_ONE_BATCH"
 
-# Where a draft model runs under sync scheduling: "last" (vLLM's place) or
-# "first" (runner/drafter/first_stage.py).
+# Where a draft model runs under sync scheduling: "last" (vLLM's place, the
+# default), "first" (runner/drafter/first_stage.py) or "auto" (the first where
+# the stage-cost model says it balances the stages: choice/drafter_stage.py).
 DRAFTER_STAGE_ENV = "VLLM_PPSPEC_DRAFTER_STAGE"
+DRAFTER_STAGES = ("first", "last", "auto")
 
 # Adaptive K (adaptive_k/): the plugin's schedulers choose K by batch size.
 ADAPTIVE_K_ENV = "VLLM_PPSPEC_ADAPTIVE_K"
@@ -106,18 +108,27 @@ def scheduler_serves(cls: object, mode: Mode) -> bool:
 
 
 # Why the drafter stays on the last stage where the user did not ask for the first.
-STAGE_NOT_ASKED = f"{DRAFTER_STAGE_ENV} is not 'first'"
+STAGE_NOT_ASKED = f"{DRAFTER_STAGE_ENV} is not 'first' or 'auto'"
+
+
+def drafter_stage() -> str:
+    """``VLLM_PPSPEC_DRAFTER_STAGE`` as the plugin reads it (ValueError naming the values)."""
+    wanted = os.environ.get(DRAFTER_STAGE_ENV, "last").strip().lower() or "last"
+    if wanted not in DRAFTER_STAGES:
+        raise ValueError(
+            f"{DRAFTER_STAGE_ENV}={wanted!r}: expected one of {', '.join(DRAFTER_STAGES)}"
+        )
+    return wanted
 
 
 def drafter_placement(
     spec_method: str, parallel_drafting: bool, sync: bool, dp_size: int
 ) -> str | None:
-    """Why the drafter stays on the last stage, or None if it runs on the first
-    (``VLLM_PPSPEC_DRAFTER_STAGE=first``, a draft model drafting one token a pass,
-    sync scheduling, DP = 1)."""
-    wanted = os.environ.get(DRAFTER_STAGE_ENV, "last").strip().lower()
-    if wanted not in ("first", "last"):
-        raise ValueError(f"{DRAFTER_STAGE_ENV}={wanted!r}: expected 'first' or 'last'")
+    """Why the drafter stays on the last stage, or None if it may run on the first
+    (``VLLM_PPSPEC_DRAFTER_STAGE`` first or auto, a draft model drafting one
+    token a pass, sync scheduling, DP = 1; under auto the plan asks the
+    stage-cost model next)."""
+    wanted = drafter_stage()
     if wanted == "last":
         return STAGE_NOT_ASKED
     if spec_method != "draft_model" or parallel_drafting:

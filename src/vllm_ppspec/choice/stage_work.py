@@ -97,9 +97,10 @@ def _drafter(spec: Any, k: int) -> tuple[float, float] | None:
     return k * (body + head), layers * sizes[1] + fc + head
 
 
-def estimate(vllm_config: Any) -> Stages | None:
+def estimate(vllm_config: Any, first: bool | None = None) -> Stages | None:
     """The stages' work and weights for this config, or None where the plugin
-    keeps vLLM's split (see the module docstring)."""
+    keeps vLLM's split (see the module docstring); ``first``: the draft model
+    on the first stage (None: where the plan puts it)."""
     model = vllm_config.model_config
     spec = vllm_config.speculative_config
     if spec is None or any(
@@ -116,7 +117,7 @@ def estimate(vllm_config: Any) -> Stages | None:
     if sizes is None or hidden is None or vocab is None or drafter is None or k <= 0:
         return None
     head = vocab * hidden
-    if drafter_on_first_stage(vllm_config):
+    if drafter_on_first_stage(vllm_config) if first is None else first:
         return Stages(
             layer_work=sizes[0],
             layer_weights=sizes[1],
