@@ -260,3 +260,21 @@ def test_the_benchmark_is_sized_from_the_config_and_capped():
     capped = stage_speed._matrices(big, stage_speed.MAX_PARAMS)
     assert sum(r * c for r, c in capped) <= stage_speed.MAX_PARAMS
     assert [r for r, _ in capped] == [8192, 8192, 8192, 28672]
+
+
+def test_speeds_within_the_noise_band_count_as_equal():
+    """``layer_split.SAME_SPEED``: stages measured within 10% of each other are
+    taken as equal (the measurement's noise between start-ups), so equal hosts
+    keep one split whichever measured faster; past the band the slower stage
+    gets fewer layers."""
+    from vllm_ppspec.runner.stage_speed import decide
+
+    def split(first: float, second: float) -> list[int] | None:
+        figures = [StageFigures(first, INF, "a"), StageFigures(second, INF, "b")]
+        return decide(_config(), figures)[0]
+
+    level = split(1.0, 1.0)
+    assert split(1.0, 1.09) == split(1.09, 1.0) == level, level
+    slower_second = split(1.0, 1.3)
+    assert slower_second is not None and slower_second[1] < level[1], (level, slower_second)
+    assert split(1.3, 1.0)[0] < level[0]
