@@ -13,7 +13,7 @@ drafts at the start of each step instead (``policy.drafter_placement`` decides):
   ``sched/filled.py``);
 * in the next step of that request the first rank, after vLLM's
   ``_update_states``, runs the drafter (:class:`DraftCatchUp`; the step parts
-  are in ``runner/steps/first_stage.py``): one pass
+  are in ``runner/steps/drafts.py``): one pass
   over the tokens its KV cache lacks (the accepted drafts it did not process,
   at least the token before the last sampled one) plus the last sampled token,
   then K - 1 single-token passes; it writes the drafts into the input batch in
