@@ -14,6 +14,7 @@ start-up between the cells (docs/testing.md):
 * penalties: greedy requests with repetition, presence and frequency
   penalties, which the last rank's sampler applies over the drafts it was sent;
 * one batch in flight (``VLLM_PPSPEC_ONE_BATCH=1``) and PP batches;
+* adaptive K and the measured layer split together;
 * TP = 2 x PP = 2 (four ranks): the drafts ride in the intermediate tensors,
   which vLLM's PP send slices for the TP group's all-gather where their size
   divides by the TP size (protocol/draft_tensor.encode keeps them whole).
@@ -101,15 +102,31 @@ def _check(res, want, tp: int = 1) -> None:
         assert s["drafts"] > 0 and s["accepted"] == s["drafts"], (i, s)
 
 
-@pytest.mark.parametrize("batches", ["pp", "one"])
+# Each line's switches beside the drafter's stage, and what its log must say.
+LINES = {
+    "pp": ({}, []),
+    "one": ({"VLLM_PPSPEC_ONE_BATCH": "1"}, []),
+    # Adaptive K (the first stage drafts as many as each batch's slots) and the
+    # measured split (each stage timed at set-up, the drafter on the first).
+    "adaptive-measured": (
+        {"VLLM_PPSPEC_ADAPTIVE_K": "1", "VLLM_PPSPEC_LAYER_SPLIT": "measured"},
+        ["adaptive K: measuring", "(measured; vLLM's even split"],
+    ),
+}
+
+
+@pytest.mark.parametrize("line", sorted(LINES))
 def test_first_stage_drafter_through_preemption_prefix_hits_chunks_and_penalties(
-    models, cells_pp1, batches
+    models, cells_pp1, line
 ):
     _, spec = tiny_spec(models, "draft_copy", K)
-    env = {**FIRST, **({"VLLM_PPSPEC_ONE_BATCH": "1"} if batches == "one" else {})}
+    switches, said = LINES[line]
+    env = {**FIRST, **switches}
     res = run_job(job(models["target"], pp=2, spec=spec, env=env, **CELLS), timeout=900)
     _check(res, cells_pp1)
     assert res.result["preemptions"] > 0, "the small KV cache did not force preemption"
+    for line_said in said:
+        assert line_said in res.log, (line_said, res.log[-4000:])
 
 
 def test_first_stage_drafter_at_tp2_by_pp2(models, cells_pp1):

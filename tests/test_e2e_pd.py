@@ -112,6 +112,7 @@ def _consume(
     spec: dict | None,
     worker: str,
     async_scheduling: bool | None = None,
+    env: dict[str, str] | None = None,
 ) -> tuple[list[list[int]], dict]:
     """Consumer job: ``prompt + [first token]``; returns the joined tokens and the result.
 
@@ -125,6 +126,7 @@ def _consume(
             spec=spec,
             worker=worker,
             async_scheduling=async_scheduling,
+            env=env,
             requests=_consumer_requests(first),
             kv_transfer_config=_kv("kv_consumer", path),
             **COMMON,
@@ -229,3 +231,28 @@ def test_pp1_producer_into_pp2_mtp_consumer(models, reference, mtp_producer_stor
     # The consumer's rounds follow the MTP head's planted rule (its prefill of
     # the loaded prompt gives one token, then every round drafts K).
     check_acceptance("mtp", result["spec"], _consumer_requests(first))
+
+
+def test_pp1_producer_into_pp2_consumer_with_the_draft_model_on_the_first_stage(
+    models, reference, tmp_path
+):
+    """Consumer: PP=2 + ``draft_model`` with ``VLLM_PPSPEC_DRAFTER_STAGE=first``.
+    The first stage holds the drafter and loads its layers' KV beside the
+    target's (the producer, PP=1 with the same drafter, stored both); its
+    drafter starts from the loaded prompt as from a prefix-cache hit, and the
+    copy drafter is accepted as planted."""
+    tokens, _ = reference["target"]
+    _, spec = tiny_spec(models, "draft_copy", K)
+    first = _produce(models["target"], tmp_path, pp=1, spec=spec, worker="stock")
+    assert first == [t[0] for t in tokens]
+    joined, result = _consume(
+        models["target"],
+        tmp_path,
+        first,
+        pp=2,
+        spec=spec,
+        worker="ppspec",
+        env={"VLLM_PPSPEC_DRAFTER_STAGE": "first"},
+    )
+    assert joined == tokens
+    check_acceptance("draft_copy", result["spec"], _consumer_requests(first))

@@ -139,6 +139,36 @@ def test_pp2_across_two_hosts_matches_pp1(hosts, models, pp1_greedy, tmp_path, d
         assert f"vllm-ppspec: PP rank {r}/2" in log, f"host {r}: the plugin's runner did not start"
 
 
+def test_the_draft_model_on_the_first_stage_across_two_hosts_matches_pp1(
+    hosts, models, pp1_greedy, tmp_path
+):
+    """``VLLM_PPSPEC_DRAFTER_STAGE=first`` on both hosts: host 0 drafts, the
+    drafts cross the link in the intermediate tensors (gloo's TCP path, no SHM)
+    and host 1 verifies them; the copy drafter is accepted as planted."""
+    target, _ = tiny_spec(models, "draft_copy", K)
+    want = pp1_greedy[target]
+    pipe = Pipeline(
+        hosts,
+        models,
+        "draft_copy",
+        tmp_path,
+        "--max-num-batched-tokens",
+        "64",
+        common={"VLLM_PPSPEC_DRAFTER_STAGE": "first"},
+    )
+    try:
+        pipe.wait_ready()
+        got = greedy_all(pipe.base)
+        counts = spec_counts(pipe.base)
+    finally:
+        pipe.stop()
+    assert got == want
+    check_acceptance("draft_copy", counts)
+    logs = [p.read_text() for p in pipe.logs]
+    assert "the draft model runs on the first PP stage" in logs[0], logs[0][-4000:]
+    assert SHM_OFF in logs[1], logs[1][-4000:]
+
+
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_hybrid_mtp_across_two_hosts_follows_pp1(hosts, models, hybrid, hybrid_pp1, tmp_path, mode):
     """Qwen3-Next (GDN) + MTP across the hosts: each host keeps its stage's
