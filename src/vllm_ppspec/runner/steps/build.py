@@ -37,8 +37,8 @@ from vllm_ppspec.protocol.rounds import RoundChannel
 from vllm_ppspec.runner.clocks import Clocks
 from vllm_ppspec.runner.drafter.first_stage import DraftCatchUp
 from vllm_ppspec.runner.steps.base import ActiveSteps, Part, Steps, StepState
-from vllm_ppspec.runner.steps.external import ExternalReceiverSteps, RoundBroadcast, SendRound
 from vllm_ppspec.runner.steps.drafts import FirstStageDrafter, ReceiveDrafts
+from vllm_ppspec.runner.steps.external import ExternalReceiverSteps, RoundBroadcast, SendRound
 from vllm_ppspec.runner.steps.hybrid import RestoreAcceptedCounts
 from vllm_ppspec.runner.steps.lanes import LaneReceiver, LaneSender
 from vllm_ppspec.runner.steps.relay import RelayEagle3
