@@ -315,3 +315,16 @@ def test_zero_drafts_accepted_past_the_limit_are_put_back():
     batch.num_computed_tokens_cpu[0] = 9
     catch_up.step(_step({"r": 1}, {}))
     assert batch.token_ids_cpu[0, 7:10].tolist() == [0, 0, 55]
+
+
+def test_a_one_token_prompt_given_draft_slots_before_its_first_pass_drafts_zeros():
+    """Across two hosts the scheduler can give a one-token prompt draft slots at
+    its first step (computed 0, 1 token + 3 slots): with no token before the
+    last one there is nothing to draft from, so zeros (rejected, lossless) and
+    no pass; the next step catches the drafter's cache up from position 0.
+    Before, the request had slots and no drafts: a KeyError ended the engine."""
+    batch = _batch({"one": [444]}, {"one": 0})
+    runner = _runner(batch)
+    catch_up = fs.DraftCatchUp(runner)
+    assert catch_up.step(_step({"one": 4}, {"one": [0, 0, 0]})) == {"one": [0, 0, 0]}
+    assert runner.drafter.calls == [] and catch_up.valid == {"one": 0}

@@ -132,15 +132,18 @@ class DraftCatchUp:
             # cache hit holds the drafter's KV too, as at PP = 1).
             first = min(self.valid.get(req_id, computed), computed)
             self.valid[req_id] = first
-            if not fits:
-                # No pass: the drafter's cache stays where it is (a later step
-                # that fits catches up from there); zeros drafted, as vLLM does.
+            if not fits or end < 2 or end <= first:
+                # No pass: past the drafter's length limit, or nothing before the
+                # last token yet (a one-token prompt's first step: it goes in with
+                # the next pass). The drafter's cache stays where it is, and a
+                # later pass catches up from there. Where the scheduler gave draft
+                # slots (a one-token prompt can get them: sched/draft_delivery.py
+                # attaches placeholders to every request), zeros, as vLLM drafts
+                # where its drafter does not run.
                 if slots:
                     drafts[req_id] = [0] * slots
                     self.drafted[req_id] = (end - 1, drafts[req_id])
                 continue
-            if end < 2 or end <= first:
-                continue  # a one-token prompt's first chunk: it goes in with the next pass
             # At least the token before the last one, so the pass has one target token.
             (drafting if slots else catch_up).append((req_id, min(first, end - 2), end))
         if catch_up:
