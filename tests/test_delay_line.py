@@ -56,6 +56,13 @@ def test_round_trips_take_twice_the_one_way_delay(delay_ms):
     rtts = [float(x) for x in out.stdout.split()]
     assert len(rtts) == 30, out.stderr
     median = statistics.median(rtts)
+    quartile = statistics.quantiles(rtts, n=4)[0]
     print(f"one-way {delay_ms} ms: round trip median {median:.2f} ms, min {min(rtts):.2f} ms")
+    # Every packet is delayed, both ways.
     assert min(rtts) >= 2 * delay_ms, rtts
-    assert median <= 2 * delay_ms + 3.0, rtts
+    # The line adds no more than its delay: the fastest quarter of round trips stays
+    # within 3 ms of it. The forwarder is one Python process, so on a loaded machine
+    # (CI runs its parts side by side) single round trips wait for a core; the median
+    # gets a wider bound, which still fails if the line doubles its delay.
+    assert quartile <= 2 * delay_ms + 3.0, rtts
+    assert median <= 2 * delay_ms + max(8.0, delay_ms), rtts
