@@ -23,16 +23,26 @@ Oracle: every token id equals vLLM's own worker at PP=1 without spec, on the
 same requests. Acceptance: the copy drafter is accepted almost always (a
 preempted request's recomputation drops its drafts, as in the load test).
 
-What these models cannot show: the tiny target and the copy drafter read
-only the current and the previous token, and the penalties' context at the
-draft positions (the drafts within one round) never holds a token they would
-change. Wrong ids deep in a re-joining request's context, or zeros in the last
-rank's copy of the drafts, leave every token here as it is (both planted and
-tried). Those breaks fail unit tests instead:
-tests/test_runner_rounds.py::test_a_preempted_request_whose_cached_prefix_ends_inside_its_prompt_rejoins_whole,
+The far pair (``far`` + ``far_copy``, tests at the end) reads the context
+200 positions back, the target and its copy drafter alike: a hole in the
+drafter's cache of a chunked prompt or of a cached prefix rejects drafts,
+and a wrong id deep in a re-joining request's context changes the target's
+tokens. Planted breaks, each failing the far test: a prompt's non-last
+chunks run no drafter pass (drafts rejected, both lines); the drafter's
+cache is lost once the requests holding it finish (only the prefix-hit
+request's drafts rejected); a preempted request whose cached prefix ends
+inside its prompt re-joins without its outputs (the old condition of
+``steps/sync.restore_output_tokens``: request 1's tokens differ, the
+``one-preempted`` line). The copy drafter's lines above pass all three: it
+reads only the current and the previous token.
+
+What no test here can show: the penalties' context at the draft positions
+(the drafts within one round) never holds a token they would change, so
+zeros in the last rank's copy of the drafts leave every token as it is
+(planted and tried). On CPU, vLLM's PP send within a host takes its
+shared-memory path, which never slices for the TP all-gather:
 tests/test_first_stage_drafter.py::test_the_drafts_never_go_through_the_tp_all_gather
-(on CPU, vLLM's PP send within a host takes its shared-memory path, which
-never slices for the TP all-gather).
+carries that break.
 """
 
 from __future__ import annotations
@@ -42,6 +52,7 @@ import pytest
 from tests.engine_jobs import job, run_job
 from tests.test_e2e_load import LOAD_REQUESTS
 from vllm_ppspec_tools.fixtures.spec_configs import tiny_spec
+from vllm_ppspec_tools.fixtures.tiny_rules import FAR
 
 pytestmark = pytest.mark.e2e
 
@@ -135,3 +146,68 @@ def test_first_stage_drafter_at_tp2_by_pp2(models, cells_pp1):
     _, spec = tiny_spec(models, "draft_copy", K)
     res = run_job(job(models["target"], pp=2, tp=2, spec=spec, env=FIRST, **CELLS), timeout=900)
     _check(res, cells_pp1, tp=2)
+
+
+# The far pair (``far`` + ``far_copy``: the draft reads the drafter's cache FAR
+# positions back): long prompts, chunked by the 64-token budget, and a prefix
+# hit whose decode reads the cached prefix. A hole anywhere in the drafter's
+# cache of a prompt shows as a rejected draft. Each prompt fits two blocks and
+# its output crosses into a third: in 5 blocks, two run and one is preempted.
+FAR_PREFIX = [5 + (37 * i) % 500 for i in range(FAR + 60)]  # two blocks of 128 and 4 tokens
+FAR_CELLS = {
+    "requests": [
+        {"prompt_token_ids": [7 + (31 * i) % 500 for i in range(FAR)], "max_tokens": 230},
+        {"prompt_token_ids": [11 + (13 * i) % 490 for i in range(FAR + 10)], "max_tokens": 221},
+        {"prompt_token_ids": [3 + (17 * i) % 505 for i in range(FAR + 30)], "max_tokens": 26},
+    ],
+    "then": [
+        [{"prompt_token_ids": FAR_PREFIX + [17], "max_tokens": 23}],
+        [{"prompt_token_ids": FAR_PREFIX + [40, 41], "max_tokens": 19}],
+    ],
+    "enable_prefix_caching": True,
+}
+
+
+@pytest.fixture(scope="module")
+def far_pp1(models):
+    res = run_job(job(models["far"], worker="stock", **FAR_CELLS))
+    assert res.returncode == 0, res.log[-6000:]
+    return res
+
+
+# Each far line's switches beside the drafter's stage. ``one-preempted``: one
+# batch in flight and a KV cache of 5 blocks, so requests are preempted and
+# re-join from the first rank's cached token list; the far target reads its
+# context 200 positions back, so a wrong id there changes its tokens.
+FAR_LINES = {
+    "pp": ({}, {}),
+    "one-preempted": ({"VLLM_PPSPEC_ONE_BATCH": "1"}, {"num_kv_blocks": 5}),
+}
+
+
+@pytest.mark.parametrize("line", sorted(FAR_LINES))
+def test_first_stage_drafter_reads_its_cache_far_back_through_chunks_and_prefix_hits(
+    models, far_pp1, line
+):
+    """Every draft of the far copy drafter is accepted (but those a preempted
+    request's recomputation drops): its cache holds every chunk of a long
+    prompt and the prefix an earlier request left; the tokens are vLLM's at
+    PP=1 without spec."""
+    switches, engine = FAR_LINES[line]
+    _, spec = tiny_spec(models, "far_copy", K)
+    cells = {**FAR_CELLS, **engine}
+    res = run_job(job(models["far"], pp=2, spec=spec, env={**FIRST, **switches}, **cells), 900)
+    assert res.returncode == 0, res.log[-8000:]
+    assert res.log.count(ON_FIRST) == 1, res.log[-4000:]
+    assert res.outputs == far_pp1.outputs
+    for i, (got, base) in enumerate(zip(res.result["then"], far_pp1.result["then"], strict=True)):
+        assert got["outputs"] == base["outputs"], f"then[{i}] differs from PP=1 without spec"
+    assert res.result["then"][1]["prefix_cache_hits"] >= 2 * BLOCK, res.result["then"]
+    preempted = res.result["preemptions"] > 0
+    assert preempted == ("num_kv_blocks" in engine), res.result["preemptions"]
+    stats = res.result["spec"]
+    floor = 0.9 * stats["drafts"] if preempted else stats["drafts"]
+    assert stats["drafts"] > 0 and stats["accepted"] >= floor, stats
+    for i, then in enumerate(res.result["then"]):
+        s = then["spec"]
+        assert s["drafts"] > 0 and s["accepted"] == s["drafts"], (i, s)
