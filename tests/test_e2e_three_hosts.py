@@ -12,9 +12,13 @@ the peer watch listens on gloo's address.
 
 Two deployments, each checked twice (CI time: two start-ups in all):
 
-- sync scheduling: greedy tokens equal PP=1, then a SIGKILL of the middle
-  host's worker with requests decoding ends the engine on every host within
-  10 s, and the middle host is named at its gloo address by its peers;
+- sync scheduling, the draft model on the first stage (host 0;
+  ``VLLM_PPSPEC_DRAFTER_STAGE=first`` on every host): the drafts ride with the
+  intermediate tensors through the middle host to the last; greedy tokens
+  equal PP=1 and the copy drafter is accepted as planted, then a SIGKILL of
+  the middle host's worker with requests decoding ends the engine on every
+  host within 10 s, and the middle host is named at its gloo address by its
+  peers;
 - async scheduling: greedy tokens equal PP=1, then a Ctrl-C of host 0's
   ``vllm serve`` (SIGINT to its process group) empties all three hosts within
   15 s, each exiting with vLLM's own status, no error line in any log, each
@@ -51,6 +55,8 @@ from vllm_ppspec_tools.hosts.two_hosts import Hosts, Pipeline, pp_hosts
 pytestmark = pytest.mark.e2e
 
 PP = 3
+FIRST = {"VLLM_PPSPEC_DRAFTER_STAGE": "first"}
+ON_FIRST = "the draft model runs on the first PP stage"
 DRAFTER = "draft_copy"
 MAX_MODEL_LEN = 512
 KILL_BOUND_S = 10.0  # issue 34: a killed worker ends the engine on every host within it
@@ -104,13 +110,13 @@ def check_pipeline_logs(logs: list[str]) -> None:
 def test_pp3_sync_across_three_hosts_matches_pp1_then_a_killed_middle_worker_ends_every_host(
     hosts, models, pp1_greedy, tmp_path
 ):
-    """Sync scheduling: tokens equal PP=1; then, with 16 requests decoding,
+    """Sync scheduling, the drafter on host 0: tokens equal PP=1; then, with 16 requests decoding,
     SIGKILL of host 1's worker (PP rank 1): its peers on hosts 0 and 2 read
     its connection's end, every request in flight fails, and no vLLM process
     is left on any host within 10 s."""
     target, _ = tiny_spec(models, DRAFTER, K)
     want = pp1_greedy[target]  # before this test's engines start
-    pipe = Pipeline(hosts, models, DRAFTER, tmp_path)  # sync scheduling
+    pipe = Pipeline(hosts, models, DRAFTER, tmp_path, common=FIRST)  # sync scheduling
     middle = hosts.nodes[1]
     try:
         pipe.wait_ready()
@@ -155,6 +161,7 @@ def test_pp3_sync_across_three_hosts_matches_pp1_then_a_killed_middle_worker_end
     assert got == want
     check_acceptance(DRAFTER, counts)
     check_pipeline_logs([p.read_text() for p in pipe.logs])
+    assert [ON_FIRST in p.read_text() for p in pipe.logs] == [True, False, False]
     assert in_flight and all(results[i] != "completed" for i in in_flight), (in_flight, results)
     # Its peers' watches name the killed rank at the address its watch listened
     # on: gloo's interface's (the PP data's path), not VLLM_HOST_IP's.
