@@ -2,7 +2,8 @@
 
 300 requests, 16 in flight, 10% dropped by the client mid-stream, 20% sampled
 (temperature 1.0, top-p 0.9), prefix caching and chunked prefill on, a KV cache
-of 6 blocks (preemption), PP=2 + draft_model, sync and async scheduling. Every
+of 6 blocks (preemption), PP=2 + draft_model, sync and async scheduling, each
+PP=2 server started in a new interpreter as a user's shell starts it. Every
 greedy output must equal the PP=1 reference without spec; no errors, no hangs.
 """
 
@@ -54,6 +55,9 @@ def test_bounded_soak_sync_and_async(models, tmp_path):
         s = report["modes"][mode]
         print(mode, json.dumps({k: v for k, v in s.items() if k != "first_errors"}))
         assert s["errors"] == 0 and s["hangs"] == 0, s
+        # Each PP=2 server ran the vllm executable in a new interpreter, as a
+        # user's shell starts it (vLLM's own start method and garbage collection).
+        assert s["started_as"] == "vllm serve", s
         assert s["greedy_identical"] == s["greedy"] > 150, s
         assert s["sampled_completed"] > 30, s
         # Aborts as the server counts them (a first token, never finished). With

@@ -116,6 +116,8 @@ CASES = [
     ("ngram", "sync"),
     # VLLM_PPSPEC_DRAFTER_STAGE=first on both hosts (sync): host 0 drafts, the
     # drafts cross the link in the intermediate tensors, host 1 verifies them.
+    # Each host's vllm serve starts in a new interpreter, as a user's shell
+    # starts it (vLLM's own start method and garbage collection).
     ("draft_copy", "first"),
 ]
 
@@ -126,13 +128,26 @@ def test_pp2_across_two_hosts_matches_pp1(hosts, models, pp1_greedy, tmp_path, d
     want = pp1_greedy[target]  # before this test's engines start
     extra = ["--async-scheduling"] if mode == "async" else []
     first = {"VLLM_PPSPEC_DRAFTER_STAGE": "first"} if mode == "first" else {}
+    fresh = mode == "first"
     pipe = Pipeline(
-        hosts, models, drafter, tmp_path, "--max-num-batched-tokens", "64", *extra, common=first
+        hosts,
+        models,
+        drafter,
+        tmp_path,
+        "--max-num-batched-tokens",
+        "64",
+        *extra,
+        common=first,
+        fresh=fresh,
     )
     try:
         pipe.wait_ready()
         got = greedy_all(pipe.base)
         counts = spec_counts(pipe.base)
+        cmdlines = [
+            Path(f"/proc/{node.root_pid(job.pid)}/cmdline").read_bytes()
+            for node, job in zip(hosts.nodes, pipe.jobs, strict=True)
+        ]
     finally:
         pipe.stop()
     assert got == want
@@ -145,6 +160,9 @@ def test_pp2_across_two_hosts_matches_pp1(hosts, models, pp1_greedy, tmp_path, d
         assert f"vllm-ppspec: PP rank {r}/2" in log, f"host {r}: the plugin's runner did not start"
     on_first = "the draft model runs on the first PP stage"
     assert (on_first in logs[0]) == (mode == "first"), logs[0][-4000:]
+    # Each host's API server process: the vllm executable (a new interpreter) or
+    # a child of the host's fork server.
+    assert [b"/vllm\x00serve\x00" in c for c in cmdlines] == [fresh, fresh], cmdlines
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])

@@ -228,9 +228,11 @@ def main(argv: list[str] | None = None) -> int:
             ],
             cpu_env(2),
             log_dir,
+            fresh=True,  # the servers under test start as a user's shell starts them
         )
         try:
             srv.wait_ready()
+            started_as = srv.started_as()
             t0 = time.monotonic()
             got = drive(srv.base, reqs, args.in_flight, args.request_timeout)
             wall = time.monotonic() - t0
@@ -238,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             srv.stop()
         summary["wall_s"] = round(wall, 1)
+        summary["started_as"] = started_as
         summary["passed"] = passed(summary)
         ok &= summary["passed"]
         report["modes"][mode] = summary

@@ -149,8 +149,11 @@ class Node:
                 return pid
         raise ProcessLookupError(f"no process {ns_pid} on host {self.rank}")
 
-    def start(self, argv: list[str], log: Path, env: dict[str, str]) -> Any:
-        job = self.server.start("vllm.entrypoints.cli.main", argv, str(log), env)
+    def start(self, argv: list[str], log: Path, env: dict[str, str], fresh: bool = False) -> Any:
+        """``argv`` (``vllm ...``) in a child of this host's fork server; ``fresh``:
+        in a new interpreter, as a user's shell starts it (``fresh_vllm``)."""
+        module = "vllm_ppspec_tools.hosts.fresh_vllm" if fresh else "vllm.entrypoints.cli.main"
+        job = self.server.start(module, argv, str(log), env)
         self.jobs.append(job)
         return job
 
@@ -321,8 +324,10 @@ class Pipeline:
         env: dict[int, dict[str, str]] | None = None,
         common: dict[str, str] | None = None,
         eager: bool = True,
+        fresh: bool = False,
     ):
-        """``env``: extra environment per host rank; ``common``: for every host."""
+        """``env``: extra environment per host rank; ``common``: for every host;
+        ``fresh``: each node's ``vllm serve`` in a new interpreter (``Node.start``)."""
         self.hosts = hosts
         self.base = f"http://{hosts.client_addr}:{API_PORT}"
         self.logs = [tmp_path / f"host{r}.log" for r in range(len(hosts.nodes))]
@@ -331,6 +336,7 @@ class Pipeline:
                 node_args(models, drafter, hosts, r, *extra, eager=eager),
                 self.logs[r],
                 {**node_env(hosts, r), **(common or {}), **(env or {}).get(r, {})},
+                fresh=fresh,
             )
             for r, node in enumerate(hosts.nodes)
         ]
