@@ -405,7 +405,11 @@ def test_a_draft_configuration_runs_the_workloads_draft_model():
     assert bs.serve_env(first)["VLLM_PPSPEC_DRAFTER_STAGE"] == "first"
     assert first.describe()["drafter_stage"] == "first" and not first.adaptive
     assert first_k2.k == 2 and first_k2.adaptive and first_k2.drafter_first
-    assert "VLLM_PPSPEC_DRAFTER_STAGE" not in bs.serve_env(adaptive)
+    # Without "first", a PP=2 draft configuration names vLLM's placement, whatever
+    # the default (auto) would choose for its pair.
+    assert bs.serve_env(adaptive)["VLLM_PPSPEC_DRAFTER_STAGE"] == "last"
+    assert adaptive.describe()["drafter_stage"] == "last"
+    assert "VLLM_PPSPEC_DRAFTER_STAGE" not in bs.serve_env(pp1)
     for bad in ("pp1 draft first eager", "pp2 ngram first eager", "pp2 draft eager first"):
         with pytest.raises(SystemExit, match="unknown configuration"):
             bs.selected(bad)

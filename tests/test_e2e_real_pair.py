@@ -14,8 +14,9 @@ turn on float near-ties; measured: equal, 67 of 90 in each case at 24 tokens,
 
 Five engines, about five minutes on two cores (most of it their start-ups); in
 the full run, and alone with ``bash scripts/test.sh --real-pair``. The draft
-model runs on the last stage (vLLM's place) and, under sync scheduling, where
-``VLLM_PPSPEC_DRAFTER_STAGE=auto`` puts it: on the first.
+model runs on the last stage (vLLM's place, ``VLLM_PPSPEC_DRAFTER_STAGE=last``,
+and under async scheduling) and, on the plain line under sync scheduling,
+where the default (``auto``) puts it: on the first.
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ def pp1_drafter_acceptance(pair):
 
 
 @pytest.mark.parametrize(
-    "mode,drafter_stage", [("sync", "last"), ("async", "last"), ("sync", "auto")]
+    "mode,drafter_stage", [("sync", "last"), ("async", "default"), ("sync", "default")]
 )
 def test_real_pair_pp2_matches_pp1_and_accepts_as_vllm_does(
     pair, pp1_without_spec, pp1_drafter_acceptance, mode, drafter_stage
@@ -83,21 +84,28 @@ def test_real_pair_pp2_matches_pp1_and_accepts_as_vllm_does(
     """``drafter_stage``: where the 0.5B runs (VLLM_PPSPEC_DRAFTER_STAGE;
     runner/drafter/first_stage.py): on the first stage its drafts travel to the
     last with each step's tensors, so a lost or misplaced draft is rejected.
-    ``auto`` puts it there (choice/drafter_stage.py: the stage-cost model's
-    busiest stage 0.88x lighter); that case starts as a user's process does, a
-    new interpreter with vLLM's own garbage collection."""
+    ``default``: the variable unset, the plain line: ``auto`` puts it there
+    under sync scheduling on CPU (choice/drafter_stage.py: the stage-cost
+    model's busiest stage 0.88x lighter) and async scheduling keeps it last;
+    the sync case starts as a user's process does, a new interpreter with
+    vLLM's own garbage collection."""
+    plain = drafter_stage == "default"
     res = _run(
         pair,
-        spawn=drafter_stage == "auto",
+        spawn=plain and mode == "sync",
         worker="auto",
         pp=2,
         spec=pair["spec"],
         async_scheduling=(mode == "async"),
-        env={"VLLM_PPSPEC_DRAFTER_STAGE": drafter_stage},
+        env={} if plain else {"VLLM_PPSPEC_DRAFTER_STAGE": drafter_stage},
     )
     assert AUTO_NOTICE in res.log, res.log[-4000:]  # the plain line selected the plugin
     on_first = "the draft model runs on the first PP stage" in res.log
-    assert on_first == (drafter_stage == "auto"), res.log[-4000:]
+    assert on_first == (plain and mode == "sync"), res.log[-4000:]
+    if on_first:  # one line says what was chosen and why
+        assert "PP stage (auto: on the first stage the busiest stage reads 0.88x" in res.log
+    if plain and mode == "async":
+        assert "the drafter runs on the last stage: async scheduling" in res.log
     differ = [
         i for i, (a, b) in enumerate(zip(res.outputs, pp1_without_spec, strict=True)) if a != b
     ]

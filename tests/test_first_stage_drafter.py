@@ -23,12 +23,16 @@ from vllm_ppspec.runner.drafter import first_stage as fs
 @pytest.mark.parametrize(
     "env,method,parallel,sync,dp,why",
     [
-        (None, "draft_model", False, True, 1, "is not 'first'"),
-        ("last", "draft_model", False, True, 1, "is not 'first'"),
+        (None, "draft_model", False, True, 1, None),  # unset: auto, the cost model next
+        ("", "draft_model", False, True, 1, None),
+        ("last", "draft_model", False, True, 1, "VLLM_PPSPEC_DRAFTER_STAGE=last"),
         ("first", "draft_model", False, True, 1, None),
         ("First ", "draft_model", False, True, 1, None),
         ("auto", "draft_model", False, True, 1, None),  # the plan asks the cost model next
         ("auto", "eagle3", False, True, 1, "only a draft model"),
+        (None, "eagle3", False, True, 1, "only a draft model"),
+        (None, "draft_model", False, False, 1, "async scheduling"),
+        (None, "draft_model", False, True, 2, "data parallelism"),
         ("first", "eagle3", False, True, 1, "only a draft model"),
         ("first", "draft_model", True, True, 1, "only a draft model"),
         ("first", "draft_model", False, False, 1, "async scheduling"),

@@ -57,9 +57,10 @@ def _llama(hidden, layers, inter, heads, kv_heads, vocab):
     )
 
 
-def _stand_in(target, spec_method: str, draft=None, pp: int = 2, k: int = 3):
+def _stand_in(target, spec_method: str, draft=None, pp: int = 2, k: int = 3, device="cpu"):
     """The attributes layer_split reads of a VllmConfig."""
     return SimpleNamespace(
+        device_config=SimpleNamespace(device_type=device),
         model_config=SimpleNamespace(
             hf_text_config=target,
             is_hybrid=False,
@@ -267,14 +268,18 @@ QWEN_0_5B = _llama(896, 24, 4864, 14, 2, 151936)
 def test_the_split_follows_the_draft_model_to_the_first_stage(monkeypatch):
     """On the last stage the 0.5B's three passes outweigh the whole target's
     layers: the plugin gives the first stage all it may (24,4, the weight limit).
-    On the first stage (VLLM_PPSPEC_DRAFTER_STAGE=first) the layers go the
-    other way, as far as the same limit lets them."""
+    On the first stage (VLLM_PPSPEC_DRAFTER_STAGE=first, or unset: auto puts
+    this pair there) the layers go the other way, as far as the same limit
+    lets them."""
     config = _stand_in(QWEN_1_5B, "draft_model", QWEN_0_5B)
     config.scheduler_config = SimpleNamespace(async_scheduling=False)
-    monkeypatch.delenv("VLLM_PPSPEC_DRAFTER_STAGE", raising=False)
+    monkeypatch.setenv("VLLM_PPSPEC_DRAFTER_STAGE", "last")
     assert layer_split.split_for(config) == ([24, 4], [14, 14])
+    monkeypatch.delenv("VLLM_PPSPEC_DRAFTER_STAGE")
+    default = layer_split.split_for(config)
     monkeypatch.setenv("VLLM_PPSPEC_DRAFTER_STAGE", "first")
     split, even = layer_split.split_for(config)
+    assert (split, even) == default
     assert even == [14, 14] and split[0] < split[1] and sum(split) == 28
     free, _ = layer_split.split_for(config, weight_limit=False)
     assert free[0] <= split[0]  # the work alone moves at least as many
@@ -298,16 +303,38 @@ def test_auto_puts_the_draft_model_first_where_the_stages_balance_better(monkeyp
     from vllm_ppspec.choice import drafter_stage
 
     pair = _stand_in(CODER_15B, "draft_model", CODER_05B)
-    assert drafter_stage.auto(pair) is None
+    on_first, why = drafter_stage.auto(pair)
+    assert on_first and why.startswith("auto: on the first stage the busiest stage reads 0.8"), why
     first = drafter_stage.busiest(28, 2, estimate(pair, first=True))
     last = drafter_stage.busiest(28, 2, estimate(pair, first=False))
     assert first < 0.9 * last, (first, last)
     bench = _stand_in(PLANTED, "draft_model", PLANTED_DRAFTER)
-    why = drafter_stage.auto(bench)
-    assert why is not None and why.startswith("auto: on the first stage the busiest"), why
+    on_first, why = drafter_stage.auto(bench)
+    assert not on_first and why.startswith("auto: on the first stage the busiest"), why
     hybrid = _stand_in(CODER_15B, "draft_model", CODER_05B)
     hybrid.model_config.is_hybrid = True
-    assert drafter_stage.auto(hybrid) == "auto: no estimate of the stages' work for this model"
+    assert drafter_stage.auto(hybrid) == (
+        False,
+        "auto: no estimate of the stages' work for this model",
+    )
+
+
+@pytest.mark.parametrize("device", ["cuda", "xpu", None])
+def test_auto_keeps_the_draft_model_last_on_devices_the_first_stage_drafter_never_ran_on(device):
+    """The default (``auto``) moves the drafter only on the CPU, the one backend
+    whose attention runs the first-stage drafter's hand-built metadata in these
+    tests; on CUDA (vLLM's V1 GPU runner) the real pair stays last, and says how
+    to ask for the first stage."""
+    from vllm_ppspec.choice import drafter_stage
+
+    on_first, why = drafter_stage.auto(
+        _stand_in(CODER_15B, "draft_model", CODER_05B, device=device)
+    )
+    assert not on_first
+    assert why == (
+        f"auto: the first-stage drafter is tested on cpu only, not on {device}; "
+        "VLLM_PPSPEC_DRAFTER_STAGE=first asks for it"
+    )
 
 
 def test_auto_is_decided_once_by_the_plan_and_the_split_follows_it(monkeypatch):
@@ -329,5 +356,5 @@ def test_auto_is_decided_once_by_the_plan_and_the_split_follows_it(monkeypatch):
         keep(config, with_switches(sync, config))
         plan = plan_of(config)
         assert plan.drafter_first is on_first, plan
-        assert (plan.drafter_why == "") is on_first, plan
+        assert plan.drafter_why.startswith("auto: on the first stage the busiest"), plan
         assert (estimate(config).first_work > 0) is on_first

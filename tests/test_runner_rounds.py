@@ -273,7 +273,9 @@ def _set_up_runner(monkeypatch, spec: bool):
     class Runner(runner_mod.PPSpecRunnerMixin, _UpstreamRunner):
         pass
 
-    pp = SimpleNamespace(world_size=2, is_last_rank=False, rank_in_group=0, cpu_group=None)
+    pp = SimpleNamespace(
+        world_size=2, is_first_rank=True, is_last_rank=False, rank_in_group=0, cpu_group=None
+    )
     monkeypatch.setattr(runner_mod, "get_pp_group", lambda: pp)
     monkeypatch.setattr(runner_mod, "watch_pp_peers", lambda group, host: [])
     monkeypatch.setattr(runner_mod, "peer_watch_host", lambda group: "127.0.0.1")

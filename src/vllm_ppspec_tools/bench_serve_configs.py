@@ -16,7 +16,9 @@ ngram k6 adaptive K compiled split=19:11``): that server runs with
 compiled``) runs ``draft_model`` with the workload's drafter: the real pair
 (``--model qwen-coder``: Qwen2.5-Coder-1.5B drafted by its 0.5B sibling;
 :data:`WORKLOADS`); ``draft first`` (``pp2 draft first eager``) runs it on the
-first PP stage (``VLLM_PPSPEC_DRAFTER_STAGE=first``).
+first PP stage (``VLLM_PPSPEC_DRAFTER_STAGE=first``), and a PP=2 ``draft``
+without it on the last (``=last``, vLLM's place), whatever the default puts
+where: each name holds one placement.
 """
 
 from __future__ import annotations
@@ -56,8 +58,15 @@ class Config:
             **({"k": self.k} if self.k is not None else {}),
             **({"method": self.method} if self.method != "ngram" else {}),
             **({"split": self.split} if self.split is not None else {}),
-            **({"drafter_stage": "first"} if self.drafter_first else {}),
+            **({"drafter_stage": self.drafter_stage} if self.drafter_stage else {}),
         }
+
+    @property
+    def drafter_stage(self) -> str | None:
+        """``VLLM_PPSPEC_DRAFTER_STAGE`` for a PP draft model configuration."""
+        if self.method != "draft_model" or self.pp < 2:
+            return None
+        return "first" if self.drafter_first else "last"
 
 
 def _is_k(word: str) -> bool:
@@ -191,6 +200,7 @@ def plugin_worker(cfg: Config) -> bool:
 def serve_env(cfg: Config) -> dict[str, str]:
     """One core per stage at PP=2, both cores at PP=1 (fixtures.run_offline.cpu_env);
     ``VLLM_PPSPEC_ADAPTIVE_K=1`` for the adaptive configurations;
+    ``VLLM_PPSPEC_DRAFTER_STAGE`` for a PP draft model (:attr:`Config.drafter_stage`);
     ``VLLM_PP_LAYER_PARTITION`` where the name sets a split;
     ``VLLM_SERVER_DEV_MODE=1`` where the plugin's worker serves, so that the bench
     reads each stage's runner clocks (``/collective_rpc``)."""
@@ -199,7 +209,7 @@ def serve_env(cfg: Config) -> dict[str, str]:
     from vllm_ppspec_tools.fixtures.run_offline import cpu_env
 
     env = cpu_env(cfg.pp) | ({ADAPTIVE_ENV: "1"} if cfg.adaptive else {})
-    env |= {"VLLM_PPSPEC_DRAFTER_STAGE": "first"} if cfg.drafter_first else {}
+    env |= {"VLLM_PPSPEC_DRAFTER_STAGE": cfg.drafter_stage} if cfg.drafter_stage else {}
     env |= {"VLLM_SERVER_DEV_MODE": "1"} if plugin_worker(cfg) else {}
     return env | ({SPLIT_ENV: cfg.split} if cfg.split else {})
 

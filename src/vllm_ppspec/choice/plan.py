@@ -55,7 +55,7 @@ class Plan:
     # Where the plugin serves PP (mode not OFF); the defaults elsewhere.
     one_batch: bool = False  # sync: one batch in flight instead of PP
     drafter_first: bool = False  # the draft model runs on the first stage
-    drafter_why: str = ""  # why it stays on the last stage ("" where it runs first)
+    drafter_why: str = ""  # why the drafter runs where it does (where it can run first)
     split_rule: str = "weights"  # the layer split's rule (choice/layer_split.py)
     adaptive_k: bool = False  # the plugin's schedulers choose K (adaptive_k/)
 
@@ -136,15 +136,16 @@ def with_switches(plan: Plan, vllm_config: Any) -> Plan:
     if not plan.serves_pp:
         return plan
     why = policy.drafter_placement_of(vllm_config)
+    first = why is None
     if why is None and policy.drafter_stage() == "auto":
         from vllm_ppspec.choice.drafter_stage import auto
 
-        why = auto(vllm_config)
+        first, why = auto(vllm_config)
     return dataclasses.replace(
         plan,
         one_batch=policy.one_batch(),
-        drafter_first=why is None,
-        drafter_why=why or "",
+        drafter_first=first,
+        drafter_why=why or policy.STAGE_ASKED_FIRST,
         split_rule=policy.split_rule(),
         adaptive_k=policy.adaptive_k(),
     )

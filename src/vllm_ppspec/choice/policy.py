@@ -26,11 +26,13 @@ import os
 # moderate load (docs/measurements.md, "One batch or PP batches").
 ONE_BATCH_ENV = "VLLM_PPSPEC_ONE_BATCH"
 
-# Where a draft model runs under sync scheduling: "last" (vLLM's place, the
-# default), "first" (runner/drafter/first_stage.py) or "auto" (the first where
-# the stage-cost model says it balances the stages: choice/drafter_stage.py).
+# Where a draft model runs under sync scheduling: "last" (vLLM's place),
+# "first" (runner/drafter/first_stage.py) or "auto", the default (the first
+# where the stage-cost model says it balances the stages, on CPU:
+# choice/drafter_stage.py).
 DRAFTER_STAGE_ENV = "VLLM_PPSPEC_DRAFTER_STAGE"
 DRAFTER_STAGES = ("first", "last", "auto")
+DEFAULT_DRAFTER_STAGE = "auto"
 
 # Adaptive K (adaptive_k/): the plugin's schedulers choose K by batch size.
 ADAPTIVE_K_ENV = "VLLM_PPSPEC_ADAPTIVE_K"
@@ -107,13 +109,15 @@ def scheduler_serves(cls: object, mode: Mode) -> bool:
     return isinstance(cls, type) and getattr(cls, "ppspec_mode", None) is mode
 
 
-# Why the drafter stays on the last stage where the user did not ask for the first.
-STAGE_NOT_ASKED = f"{DRAFTER_STAGE_ENV} is not 'first' or 'auto'"
+# Why the drafter stays on the last stage where the user asked for it there.
+STAGE_NOT_ASKED = f"{DRAFTER_STAGE_ENV}=last"
+# Why it runs on the first where the user asked for it there.
+STAGE_ASKED_FIRST = f"{DRAFTER_STAGE_ENV}=first"
 
 
 def drafter_stage() -> str:
     """``VLLM_PPSPEC_DRAFTER_STAGE`` as the plugin reads it (ValueError naming the values)."""
-    wanted = os.environ.get(DRAFTER_STAGE_ENV, "last").strip().lower() or "last"
+    wanted = os.environ.get(DRAFTER_STAGE_ENV, "").strip().lower() or DEFAULT_DRAFTER_STAGE
     if wanted not in DRAFTER_STAGES:
         raise ValueError(
             f"{DRAFTER_STAGE_ENV}={wanted!r}: expected one of {', '.join(DRAFTER_STAGES)}"
@@ -125,9 +129,9 @@ def drafter_placement(
     spec_method: str, parallel_drafting: bool, sync: bool, dp_size: int
 ) -> str | None:
     """Why the drafter stays on the last stage, or None if it may run on the first
-    (``VLLM_PPSPEC_DRAFTER_STAGE`` first or auto, a draft model drafting one
-    token a pass, sync scheduling, DP = 1; under auto the plan asks the
-    stage-cost model next)."""
+    (``VLLM_PPSPEC_DRAFTER_STAGE`` first or auto (the default), a draft model
+    drafting one token a pass, sync scheduling, DP = 1; under auto the plan
+    asks the stage-cost model next)."""
     wanted = drafter_stage()
     if wanted == "last":
         return STAGE_NOT_ASKED

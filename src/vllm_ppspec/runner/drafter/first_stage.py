@@ -4,8 +4,10 @@ vLLM runs the drafter after sampling, on the last stage: with a draft model
 of its own (``draft_model``) that stage carries the target's last layers, the
 LM head and K drafter passes, and sets the pipeline's pace. A draft model needs
 only token ids, and under sync scheduling the first stage learns every token
-from the scheduler output. With ``VLLM_PPSPEC_DRAFTER_STAGE=first`` the first stage
-drafts at the start of each step instead (``policy.drafter_placement`` decides):
+from the scheduler output. Where the plan puts it there (``Plan.drafter_first``:
+``VLLM_PPSPEC_DRAFTER_STAGE=first``, or ``auto``, the default, where the
+stage-cost model says so: ``choice/drafter_stage.py``) the first stage drafts
+at the start of each step instead:
 
 * the last rank proposes placeholders (``0``) for each request, attached to its
   output as the drafts are today (``sched/draft_delivery.py``): the scheduler
@@ -244,10 +246,7 @@ def set_up(runner: Any, pp: Any) -> DraftCatchUp | bool:
 
     runner.drafter = DraftModelProposer(runner.vllm_config, runner.device, runner)
     isolate_drafter(runner.drafter)
-    logger.info(
-        "vllm-ppspec: the draft model runs on the first PP stage (%s=first)",
-        policy.DRAFTER_STAGE_ENV,
-    )
+    logger.info("vllm-ppspec: the draft model runs on the first PP stage (%s)", plan.drafter_why)
     return DraftCatchUp(runner)
 
 
