@@ -288,11 +288,6 @@ def test_the_split_follows_the_draft_model_to_the_first_stage(monkeypatch):
     assert layer_split.split_for(config) == ([24, 4], [14, 14])
 
 
-# Qwen2.5-Coder-1.5B and its 0.5B drafter (the real pair), their real sizes.
-CODER_15B = _llama(1536, 28, 8960, 12, 2, 151936)
-CODER_05B = _llama(896, 24, 4864, 14, 2, 151936)
-
-
 def test_auto_puts_the_draft_model_first_where_the_stages_balance_better(monkeypatch):
     """``VLLM_PPSPEC_DRAFTER_STAGE=auto`` (choice/drafter_stage.py): the real
     pair's 0.5B drafter outweighs the 1.5B target's tail on the last stage, so
@@ -302,7 +297,7 @@ def test_auto_puts_the_draft_model_first_where_the_stages_balance_better(monkeyp
     the estimate has no figures for."""
     from vllm_ppspec.choice import drafter_stage
 
-    pair = _stand_in(CODER_15B, "draft_model", CODER_05B)
+    pair = _stand_in(QWEN_1_5B, "draft_model", QWEN_0_5B)
     on_first, why = drafter_stage.auto(pair)
     assert on_first and why.startswith("auto: on the first stage the busiest stage reads 0.8"), why
     first = drafter_stage.busiest(28, 2, estimate(pair, first=True))
@@ -311,7 +306,7 @@ def test_auto_puts_the_draft_model_first_where_the_stages_balance_better(monkeyp
     bench = _stand_in(PLANTED, "draft_model", PLANTED_DRAFTER)
     on_first, why = drafter_stage.auto(bench)
     assert not on_first and why.startswith("auto: on the first stage the busiest"), why
-    hybrid = _stand_in(CODER_15B, "draft_model", CODER_05B)
+    hybrid = _stand_in(QWEN_1_5B, "draft_model", QWEN_0_5B)
     hybrid.model_config.is_hybrid = True
     assert drafter_stage.auto(hybrid) == (
         False,
@@ -328,7 +323,7 @@ def test_auto_keeps_the_draft_model_last_on_devices_the_first_stage_drafter_neve
     from vllm_ppspec.choice import drafter_stage
 
     on_first, why = drafter_stage.auto(
-        _stand_in(CODER_15B, "draft_model", CODER_05B, device=device)
+        _stand_in(QWEN_1_5B, "draft_model", QWEN_0_5B, device=device)
     )
     assert not on_first
     assert why == (
@@ -347,7 +342,7 @@ def test_auto_is_decided_once_by_the_plan_and_the_split_follows_it(monkeypatch):
     monkeypatch.setenv("VLLM_PPSPEC_DRAFTER_STAGE", "auto")
     sync = Plan(worker=True, line=True, mode=Mode.SYNC, pp=2)
     for target, draft, on_first in (
-        (CODER_15B, CODER_05B, True),
+        (QWEN_1_5B, QWEN_0_5B, True),
         (PLANTED, PLANTED_DRAFTER, False),
     ):
         config = _stand_in(target, "draft_model", draft)
