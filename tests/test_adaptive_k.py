@@ -29,6 +29,7 @@ from vllm_ppspec import adaptive_k as config_adaptive_k
 from vllm_ppspec.adaptive_k import chooser as adaptive_k
 from vllm_ppspec.adaptive_k import k_model
 from vllm_ppspec.adaptive_k.k_model import Acceptance, Cost
+from vllm_ppspec.choice import policy
 
 
 def test_acceptance_counts_each_position_over_the_rounds_that_reached_it():
@@ -267,7 +268,7 @@ def _sched(spec, dp: int = 1):
 
 
 def test_the_stand_in_is_set_only_on_the_plugins_lines_without_a_users_schedule(monkeypatch):
-    monkeypatch.setenv(adaptive_k.ADAPTIVE_ENV, "1")
+    monkeypatch.setenv(policy.ADAPTIVE_K_ENV, "1")
     cfg = SimpleNamespace(speculative_config=_spec())
     assert config_adaptive_k.stand_in(cfg, plugin_acts=True)
     assert cfg.speculative_config.num_speculative_tokens_per_batch_size == [(1, 1, 3)]
@@ -278,7 +279,7 @@ def test_the_stand_in_is_set_only_on_the_plugins_lines_without_a_users_schedule(
     users.speculative_config.num_speculative_tokens_per_batch_size = [(1, 4, 2), (5, 8, 1)]
     assert not config_adaptive_k.stand_in(users, plugin_acts=True)
     assert users.speculative_config.num_speculative_tokens_per_batch_size == [(1, 4, 2), (5, 8, 1)]
-    monkeypatch.delenv(adaptive_k.ADAPTIVE_ENV)
+    monkeypatch.delenv(policy.ADAPTIVE_K_ENV)
     unset = SimpleNamespace(speculative_config=_spec())
     assert not config_adaptive_k.stand_in(unset, plugin_acts=True)
     assert unset.speculative_config.num_speculative_tokens_per_batch_size is None
@@ -293,7 +294,7 @@ def test_the_stand_in_is_set_only_on_the_plugins_lines_without_a_users_schedule(
     ],
 )
 def test_where_it_stays_off_the_scheduler_says_why(monkeypatch, case, why):
-    monkeypatch.setenv(adaptive_k.ADAPTIVE_ENV, "1")
+    monkeypatch.setenv(policy.ADAPTIVE_K_ENV, "1")
     said: list[str] = []
     monkeypatch.setattr(adaptive_k.logger, "warning", lambda msg, *a: said.append(msg % a))
     spec = _spec(**{adaptive_k.STAND_IN_FLAG: case == "dp"})
@@ -304,7 +305,7 @@ def test_where_it_stays_off_the_scheduler_says_why(monkeypatch, case, why):
 
 
 def test_it_starts_on_a_marked_line_and_refuses_a_bad_window(monkeypatch):
-    monkeypatch.setenv(adaptive_k.ADAPTIVE_ENV, "1")
+    monkeypatch.setenv(policy.ADAPTIVE_K_ENV, "1")
     spec = _spec(**{adaptive_k.STAND_IN_FLAG: True})
     spec.num_speculative_tokens_per_batch_size = [(1, 1, 3)]
     ak = adaptive_k.start(_sched(spec))
@@ -312,7 +313,7 @@ def test_it_starts_on_a_marked_line_and_refuses_a_bad_window(monkeypatch):
     monkeypatch.setenv(adaptive_k.BATCHES_ENV, "0")
     with pytest.raises(ValueError, match=adaptive_k.BATCHES_ENV):
         adaptive_k.start(_sched(spec))
-    monkeypatch.delenv(adaptive_k.ADAPTIVE_ENV)
+    monkeypatch.delenv(policy.ADAPTIVE_K_ENV)
     assert adaptive_k.start(_sched(spec)) is None
 
 
@@ -335,7 +336,7 @@ def test_on_the_plugins_line_vllm_sees_dynamic_k_and_captures_cuda_graphs_piecew
     (the verify length changes); the stand-in makes it do so for adaptive K."""
     from vllm.config import CUDAGraphMode
 
-    monkeypatch.setenv(adaptive_k.ADAPTIVE_ENV, "1")
+    monkeypatch.setenv(policy.ADAPTIVE_K_ENV, "1")
     cfg = _config(models["target"], pipeline_parallel_size=2, speculative_config=NGRAM)
     assert cfg.parallel_config.worker_cls == WORKER_QUALNAME
     spec = cfg.speculative_config
@@ -357,7 +358,7 @@ def test_on_the_plugins_line_vllm_sees_dynamic_k_and_captures_cuda_graphs_piecew
 def test_with_data_parallelism_vllm_drops_the_stand_in_and_the_scheduler_says_so(
     models, monkeypatch
 ):
-    monkeypatch.setenv(adaptive_k.ADAPTIVE_ENV, "1")
+    monkeypatch.setenv(policy.ADAPTIVE_K_ENV, "1")
     cfg = _config(
         models["target"], pipeline_parallel_size=2, data_parallel_size=2, speculative_config=NGRAM
     )
@@ -393,7 +394,7 @@ def test_vllms_scheduler_runs_the_k_chosen_down_to_no_drafts(models, monkeypatch
     from vllm_ppspec.sched.draft_delivery import attach_drafts
     from vllm_ppspec.sched.filled import PPSpecScheduler
 
-    monkeypatch.setenv(adaptive_k.ADAPTIVE_ENV, "1")
+    monkeypatch.setenv(policy.ADAPTIVE_K_ENV, "1")
     monkeypatch.setenv(adaptive_k.BATCHES_ENV, "8")
     clock = _Clock()
     monkeypatch.setattr(adaptive_k.time, "perf_counter", clock)

@@ -15,7 +15,8 @@ from types import SimpleNamespace
 import pytest
 
 from vllm_ppspec.choice import layer_split
-from vllm_ppspec.choice.layer_split import ENV, Stages, choose, estimate
+from vllm_ppspec.choice.layer_split import Stages, choose, estimate
+from vllm_ppspec.choice.policy import SPLIT_ENV
 from vllm_ppspec_tools.fixtures.spec_configs import tiny_spec
 
 PLUGIN = "vllm_ppspec.worker.PPSpecWorker"
@@ -26,8 +27,8 @@ def _no_split_set(monkeypatch):
     # Set first, so that monkeypatch restores the variable (unset) after the
     # test: apply() sets it, and an engine started later in this process (an
     # e2e test in the same run) would take that split for the user's.
-    monkeypatch.setenv(ENV, "")
-    monkeypatch.delenv(ENV)
+    monkeypatch.setenv(SPLIT_ENV, "")
+    monkeypatch.delenv(SPLIT_ENV)
     monkeypatch.delenv("VLLM_PPSPEC_AUTO", raising=False)
     monkeypatch.setattr(layer_split, "_set_here", None)
 
@@ -182,27 +183,27 @@ def test_the_plugins_worker_sets_the_split_on_its_lines(models, split_log):
     """V1, CPU and CUDA alike: the plugin's workers call apply (below)."""
     cfg = _tiny(models, "draft_copy", worker_cls=PLUGIN)
     assert layer_split.apply(cfg) == "3,1"
-    assert os.environ[ENV] == "3,1"
+    assert os.environ[SPLIT_ENV] == "3,1"
     assert "target layers split 3,1 over 2 PP stages instead of vLLM's 2,2" in split_log.text
 
 
 def test_a_split_held_back_by_the_weight_limit_is_named_in_the_log(split_log):
     layer_split.apply(_stand_in(SMOLLM2, "ngram"))
-    assert ENV not in os.environ
+    assert SPLIT_ENV not in os.environ
     assert "the work alone would split 19,11" in split_log.text
-    assert f"set {ENV}=19,11 where that fits" in split_log.text
+    assert f"set {SPLIT_ENV}=19,11 where that fits" in split_log.text
 
 
 def test_the_users_split_always_wins(models, monkeypatch):
-    monkeypatch.setenv(ENV, "1,3")
+    monkeypatch.setenv(SPLIT_ENV, "1,3")
     assert layer_split.apply(_tiny(models, "draft_copy", worker_cls=PLUGIN)) == "1,3"
-    assert os.environ[ENV] == "1,3"
+    assert os.environ[SPLIT_ENV] == "1,3"
 
 
 def test_a_later_config_in_the_same_process_recomputes_the_plugins_own_split(models):
     assert layer_split.apply(_tiny(models, "draft_copy", worker_cls=PLUGIN)) == "3,1"
     assert layer_split.apply(_tiny(models, "ngram", worker_cls=PLUGIN)) is None
-    assert ENV not in os.environ
+    assert SPLIT_ENV not in os.environ
 
 
 @pytest.mark.parametrize(
@@ -222,7 +223,7 @@ def test_no_split_where_the_plugin_does_not_act(models, monkeypatch, line):
         cfg = _tiny(models, "draft_copy")
         assert "ppspec" not in str(cfg.parallel_config.worker_cls)
     assert layer_split.apply(cfg) is None
-    assert ENV not in os.environ
+    assert SPLIT_ENV not in os.environ
 
 
 @pytest.mark.parametrize("platform", ["cpu", "gpu"])
@@ -249,7 +250,7 @@ def test_each_worker_sets_the_split_before_vllms_init_device(models, monkeypatch
     seen = []
 
     def vllms_init_device(self):
-        seen.append(os.environ.get(ENV))
+        seen.append(os.environ.get(SPLIT_ENV))
         seen.append([get_pp_indices(4, rank, 2) for rank in (0, 1)])
 
     monkeypatch.setattr(Base, "init_device", vllms_init_device)

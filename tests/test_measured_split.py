@@ -25,7 +25,7 @@ import pytest
 import torch
 
 from tests.distributed import run_ranks
-from vllm_ppspec.choice import layer_split
+from vllm_ppspec.choice import layer_split, policy
 from vllm_ppspec.choice.layer_split import StageFigures, choose_measured
 from vllm_ppspec.choice.stage_work import Stages
 from vllm_ppspec_tools.hosts import cpu_quota
@@ -119,11 +119,11 @@ def test_a_half_speed_stage_gets_fewer_layers_and_memory_bounds_a_stage():
 def test_the_rule_is_read_and_a_bad_one_refused(monkeypatch):
     from vllm_ppspec.choice.policy import split_rule
 
-    monkeypatch.delenv(layer_split.RULE_ENV, raising=False)
+    monkeypatch.delenv(policy.SPLIT_RULE_ENV, raising=False)
     assert split_rule() == "weights"
-    monkeypatch.setenv(layer_split.RULE_ENV, " Measured ")
+    monkeypatch.setenv(policy.SPLIT_RULE_ENV, " Measured ")
     assert split_rule() == "measured"
-    monkeypatch.setenv(layer_split.RULE_ENV, "fastest")
+    monkeypatch.setenv(policy.SPLIT_RULE_ENV, "fastest")
     with pytest.raises(
         ValueError, match="VLLM_PPSPEC_LAYER_SPLIT='fastest'.*even, weights, measured"
     ):
@@ -143,10 +143,10 @@ def test_the_start_up_check_compares_the_rule(monkeypatch):
         scheduler_config=SimpleNamespace(max_num_seqs=8),
     )
     field = "layer split rule ($VLLM_PPSPEC_LAYER_SPLIT)"
-    monkeypatch.setenv(layer_split.RULE_ENV, "measured")
+    monkeypatch.setenv(policy.SPLIT_RULE_ENV, "measured")
     sync = Plan(worker=True, line=True, mode=Mode.SYNC, pp=2)
     measured = fingerprint(runner, with_switches(sync, runner))[field]
-    monkeypatch.delenv(layer_split.RULE_ENV)
+    monkeypatch.delenv(policy.SPLIT_RULE_ENV)
     weights = fingerprint(runner, with_switches(sync, runner))[field]
     assert (measured, weights) == ("measured", "weights")
 
@@ -191,8 +191,8 @@ def _settle_rank(slow_group: str | None, fail: bool, rank: int, world: int):
         (cpu_quota.ROOT / slow_group / "cgroup.procs").write_text(str(os.getpid()))
     if rank == 1 and fail:
         stage_speed.capacity = lambda *a: 1 / 0  # type: ignore[assignment]
-    os.environ[layer_split.RULE_ENV] = "measured"
-    os.environ.pop(layer_split.ENV, None)
+    os.environ[policy.SPLIT_RULE_ENV] = "measured"
+    os.environ.pop(policy.SPLIT_ENV, None)
     lines: list[str] = []
     handler = logging.Handler()
     handler.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
@@ -200,7 +200,7 @@ def _settle_rank(slow_group: str | None, fail: bool, rank: int, world: int):
     layer_split.logger.setLevel(logging.INFO)
     assert stage_speed.applies(_config())
     value = stage_speed.settle(_config(), get_pp_group(), torch.device("cpu"))
-    assert os.environ.get(layer_split.ENV) == value
+    assert os.environ.get(policy.SPLIT_ENV) == value
     (cpu_quota.ROOT / "cgroup.procs").write_text(str(os.getpid()))  # out before the group goes
     return value, lines
 

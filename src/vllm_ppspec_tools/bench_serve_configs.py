@@ -204,11 +204,10 @@ def serve_env(cfg: Config) -> dict[str, str]:
     ``VLLM_PP_LAYER_PARTITION`` where the name sets a split;
     ``VLLM_SERVER_DEV_MODE=1`` where the plugin's worker serves, so that the bench
     reads each stage's runner clocks (``/collective_rpc``)."""
-    from vllm_ppspec.adaptive_k.chooser import ADAPTIVE_ENV
-    from vllm_ppspec.choice.layer_split import ENV as SPLIT_ENV
+    from vllm_ppspec.choice.policy import ADAPTIVE_K_ENV, SPLIT_ENV
     from vllm_ppspec_tools.fixtures.run_offline import cpu_env
 
-    env = cpu_env(cfg.pp) | ({ADAPTIVE_ENV: "1"} if cfg.adaptive else {})
+    env = cpu_env(cfg.pp) | ({ADAPTIVE_K_ENV: "1"} if cfg.adaptive else {})
     env |= {"VLLM_PPSPEC_DRAFTER_STAGE": cfg.drafter_stage} if cfg.drafter_stage else {}
     env |= {"VLLM_SERVER_DEV_MODE": "1"} if plugin_worker(cfg) else {}
     return env | ({SPLIT_ENV: cfg.split} if cfg.split else {})

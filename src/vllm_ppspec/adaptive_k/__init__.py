@@ -18,8 +18,6 @@ from typing import Any
 
 from vllm_ppspec.choice import policy
 
-ENV = policy.ADAPTIVE_K_ENV
-
 # On the speculative config: the schedule there is this module's stand-in.
 STAND_IN_FLAG = "_vllm_ppspec_adaptive_k"
 

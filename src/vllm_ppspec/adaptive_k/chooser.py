@@ -40,11 +40,11 @@ from typing import Any
 
 from vllm.logger import init_logger
 
-from vllm_ppspec.adaptive_k import ENV, STAND_IN_FLAG, k_model
+from vllm_ppspec.adaptive_k import STAND_IN_FLAG, k_model
+from vllm_ppspec.choice.policy import ADAPTIVE_K_ENV
 
 logger = init_logger("vllm.ppspec")
 
-ADAPTIVE_ENV = ENV
 BATCHES_ENV = "VLLM_PPSPEC_ADAPTIVE_K_BATCHES"
 DEFAULT_BATCHES = 200
 EXPLORE = 0.1  # share of batches run at the chosen K - 1 or K + 1
@@ -70,7 +70,7 @@ def start(sched: Any) -> AdaptiveK | None:
     elif not stand_in:
         why_not = "the plugin's config patch did not see this line"
     if why_not is not None:
-        logger.warning("vllm-ppspec: %s=1 ignored: %s; K stays %d", ADAPTIVE_ENV, why_not, k)
+        logger.warning("vllm-ppspec: %s=1 ignored: %s; K stays %d", ADAPTIVE_K_ENV, why_not, k)
         return None
     batches = int(os.environ.get(BATCHES_ENV, DEFAULT_BATCHES))
     if batches < 1:

@@ -38,8 +38,6 @@ from vllm_ppspec.choice.stage_work import Stages, drafter_on_first_stage, estima
 # (a logger outside it prints only warnings: the chosen split would go unseen).
 logger = logging.getLogger("vllm.ppspec")
 
-ENV = SPLIT_ENV
-RULE_ENV = SPLIT_RULE_ENV
 # Measured speeds closer than this count as equal (the measurement's noise
 # between start-ups, docs/measurements.md): the weights rule's split stands.
 SAME_SPEED = 0.10
@@ -176,16 +174,16 @@ def same_speed(figures: list[StageFigures]) -> bool:
 def set_split(split: list[int] | None) -> str | None:
     """Put ``split`` in ``VLLM_PP_LAYER_PARTITION`` for this process (None: vLLM's)."""
     global _set_here
-    os.environ.pop(ENV, None)
+    os.environ.pop(SPLIT_ENV, None)
     _set_here = None if split is None else ",".join(str(n) for n in split)
     if _set_here is not None:
-        os.environ[ENV] = _set_here
+        os.environ[SPLIT_ENV] = _set_here
     return _set_here
 
 
 def user_split() -> str | None:
     """The user's ``VLLM_PP_LAYER_PARTITION``, or None (unset, or set by this process)."""
-    current = os.environ.get(ENV)
+    current = os.environ.get(SPLIT_ENV)
     return current if current is not None and current != _set_here else None
 
 
@@ -210,7 +208,7 @@ def _hint(vllm_config: Any, split: list[int] | None) -> str:
     value = ",".join(str(n) for n in free[0])
     return (
         f"; the work alone would split {value}, with more weights on a stage than "
-        f"vLLM's even split puts on any: set {ENV}={value} where that fits"
+        f"vLLM's even split puts on any: set {SPLIT_ENV}={value} where that fits"
     )
 
 
@@ -227,7 +225,7 @@ def apply(vllm_config: Any) -> str | None:
         return None
     current = user_split()
     if current is not None:
-        logger.info("vllm-ppspec: target layers split %s (%s, as set)", current, ENV)
+        logger.info("vllm-ppspec: target layers split %s (%s, as set)", current, SPLIT_ENV)
         return current
     how = plan.split_rule
     set_split(None)
@@ -237,7 +235,7 @@ def apply(vllm_config: Any) -> str | None:
     if chosen is None or chosen[0] == chosen[1]:
         logger.info(
             "vllm-ppspec: target layers split evenly (vLLM's split%s)%s",
-            "" if how == "weights" else f", {RULE_ENV}=even",
+            "" if how == "weights" else f", {SPLIT_RULE_ENV}=even",
             _hint(vllm_config, None) if chosen else "",
         )
         return None
@@ -252,7 +250,7 @@ def apply(vllm_config: Any) -> str | None:
         ",".join(str(n) for n in even),
         vllm_config.speculative_config.method,
         "first" if drafter_on_first_stage(vllm_config) else "last",
-        ENV,
+        SPLIT_ENV,
         _hint(vllm_config, split),
     )
     return value

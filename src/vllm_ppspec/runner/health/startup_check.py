@@ -94,7 +94,7 @@ def fingerprint(runner: Any, plan: Any) -> dict[str, str]:
     :class:`~vllm_ppspec.choice.plan.Plan`, whose decisions are compared by the
     setting behind each (``Plan.agreed``)."""
     from vllm_ppspec import protocol
-    from vllm_ppspec.choice import layer_split
+    from vllm_ppspec.choice import policy
 
     spec = runner.speculative_config
     draft = getattr(spec, "draft_model_config", None)
@@ -109,8 +109,8 @@ def fingerprint(runner: Any, plan: Any) -> dict[str, str]:
         "draft hidden_size": str(getattr(hf, "hidden_size", None)),
         "max_num_seqs": str(runner.scheduler_config.max_num_seqs),
         # The plugin's balanced split or the user's (layer_split.py).
-        f"target layer split (${layer_split.ENV})": os.environ.get(
-            layer_split.ENV, "vLLM's even split"
+        f"target layer split (${policy.SPLIT_ENV})": os.environ.get(
+            policy.SPLIT_ENV, "vLLM's even split"
         ),
         **plan.agreed(),
         HOST_FIELD: host_label(),
