@@ -540,6 +540,29 @@ def test_v2_is_left_alone_with_one_line_saying_so(models, triton, monkeypatch):
     assert len(said) == 1 and "Model Runner V2 serves this configuration" in said[0]
 
 
+def test_where_vllm_picks_v2_the_plugins_switches_and_defaults_are_not_read(
+    models, triton, monkeypatch
+):
+    """The drafter stage's default (auto) and every other switch belong to the
+    plugin's V1 lines: where vLLM picks Model Runner V2 (CUDA with Triton) the
+    plan is off, the first stage never drafts and no switch is read, so even a
+    value the plugin would refuse builds the config as vLLM's."""
+    from vllm_ppspec.choice.plan import PLAN_KEY, plan_of
+    from vllm_ppspec.choice.policy import Mode
+
+    triton(True)
+    monkeypatch.setenv("VLLM_PPSPEC_DRAFTER_STAGE", "middle")
+    monkeypatch.setenv("VLLM_PPSPEC_LAYER_SPLIT", "fastest")
+    target, spec = tiny_spec(models, "draft_copy", 3)
+    cfg = _config(models[target], pipeline_parallel_size=2, speculative_config=spec)
+    assert _served_by(cfg)[1] is True
+    plan = plan_of(cfg)
+    assert plan.mode is Mode.OFF and not plan.drafter_first and plan.drafter_why == ""
+    # The plan kept on the config (a line the plugin serves elsewhere) says so.
+    assert cfg.additional_config[PLAN_KEY]["worker"] is False
+    assert cfg.additional_config[PLAN_KEY]["mode"] == "OFF"
+
+
 @pytest.mark.parametrize("has_triton", [False, True], ids=["no-triton", "triton"])
 def test_no_pp_or_no_spec_is_vllms_own_choice(models, triton, has_triton):
     triton(has_triton)
