@@ -7,6 +7,12 @@ requests finishing at different steps (several in flight), max_tokens ending
 inside a speculative round, and a prompt longer than the 64-token budget
 (chunked prefill). Acceptance counts prove which kind of round ran: a copy of
 the target accepts every draft, an independent random drafter rejects them.
+
+Every method runs where vLLM runs its drafter, the last stage: the draft
+models are pinned there (:data:`LAST`), as the split, the drafter's own
+embedding and the counters equal to PP=1's are checked on that placement;
+the default (``auto``) moves the random and the narrow drafter to the first
+stage, whose cases are tests/test_e2e_drafter_first*.py.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from vllm_ppspec_tools.fixtures.spec_configs import tiny_spec
 pytestmark = pytest.mark.e2e
 
 K = 3
+LAST = {"VLLM_PPSPEC_DRAFTER_STAGE": "last"}
 
 
 @pytest.fixture(scope="module")
@@ -121,6 +128,7 @@ def pp2_run(models):
                     async_scheduling=mode.startswith("async"),
                     probe_drafter_embedding=method.startswith("draft_"),
                     probe_drafter_layers=method.startswith("eagle"),
+                    env=LAST,
                     probe_target_layers=True,
                     then=THEN.get(method, []),
                 )
@@ -212,6 +220,7 @@ def test_draft_model_of_another_width_matches_pp1_without_spec(models, baseline,
             spec=spec,
             async_scheduling=(mode == "async"),
             probe_drafter_embedding=True,
+            env=LAST,
         )
     )
     assert res.returncode == 0, res.log[-8000:]
