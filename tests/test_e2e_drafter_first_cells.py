@@ -197,17 +197,9 @@ def test_first_stage_drafter_reads_its_cache_far_back_through_chunks_and_prefix_
     _, spec = tiny_spec(models, "far_copy", K)
     cells = {**FAR_CELLS, **engine}
     res = run_job(job(models["far"], pp=2, spec=spec, env={**FIRST, **switches}, **cells), 900)
-    assert res.returncode == 0, res.log[-8000:]
-    assert res.log.count(ON_FIRST) == 1, res.log[-4000:]
-    assert res.outputs == far_pp1.outputs
-    for i, (got, base) in enumerate(zip(res.result["then"], far_pp1.result["then"], strict=True)):
-        assert got["outputs"] == base["outputs"], f"then[{i}] differs from PP=1 without spec"
-    assert res.result["then"][1]["prefix_cache_hits"] >= 2 * BLOCK, res.result["then"]
+    _check(res, far_pp1)  # tokens, the prefix hit, acceptance (every draft in the then lists)
     preempted = res.result["preemptions"] > 0
     assert preempted == ("num_kv_blocks" in engine), res.result["preemptions"]
-    stats = res.result["spec"]
-    floor = 0.9 * stats["drafts"] if preempted else stats["drafts"]
-    assert stats["drafts"] > 0 and stats["accepted"] >= floor, stats
-    for i, then in enumerate(res.result["then"]):
-        s = then["spec"]
-        assert s["drafts"] > 0 and s["accepted"] == s["drafts"], (i, s)
+    if not preempted:  # no recomputation drops a draft: every one is accepted
+        stats = res.result["spec"]
+        assert stats["accepted"] == stats["drafts"], stats
